@@ -1,0 +1,2 @@
+// The memgrad command line (placeholder entry until the subcommands are wired).
+int main() { return 0; }

@@ -1,0 +1,39 @@
+// Thread-local allocation tags: category, op name and module path.
+#include "core/memory_category.h"
+
+namespace mg {
+namespace {
+thread_local MemoryCategory t_category = MemoryCategory::activation;
+thread_local const char* t_op_name = "";
+thread_local std::string t_module_path;
+}  // namespace
+
+std::string_view category_name(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::parameter: return "parameter";
+    case MemoryCategory::gradient: return "gradient";
+    case MemoryCategory::optimizer_state: return "optimizer_state";
+    case MemoryCategory::activation: return "activation";
+    case MemoryCategory::workspace: return "workspace";
+    case MemoryCategory::input: return "input";
+    case MemoryCategory::other: return "other";
+  }
+  return "?";
+}
+
+MemoryCategory current_memory_category() { return t_category; }
+MemoryCategoryGuard::MemoryCategoryGuard(MemoryCategory c) : prev_(t_category) { t_category = c; }
+MemoryCategoryGuard::~MemoryCategoryGuard() { t_category = prev_; }
+
+const char* current_op_name() { return t_op_name; }
+OpNameGuard::OpNameGuard(const char* name) : prev_(t_op_name) { t_op_name = name; }
+OpNameGuard::~OpNameGuard() { t_op_name = prev_; }
+
+const std::string& current_module_path() { return t_module_path; }
+ModulePathGuard::ModulePathGuard(std::string_view name) : prev_len_(t_module_path.size()) {
+  if (!t_module_path.empty()) t_module_path += '.';
+  t_module_path += name;
+}
+ModulePathGuard::~ModulePathGuard() { t_module_path.resize(prev_len_); }
+
+}  // namespace mg

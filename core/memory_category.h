@@ -1,0 +1,71 @@
+// What memory is for. Every allocation is tagged with the category and the op name that are
+// current on the allocating thread; the framework sets them with scoped guards (module
+// construction -> parameter, autograd engine -> gradient, optimizer -> optimizer_state, data
+// loader -> input, ops in forward -> activation). The profiler also records a module path.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace mg {
+
+enum class MemoryCategory : uint8_t {
+  parameter,
+  gradient,
+  optimizer_state,
+  activation,
+  workspace,
+  input,
+  other,
+};
+inline constexpr int kNumMemoryCategories = 7;
+inline constexpr MemoryCategory kAllMemoryCategories[] = {
+    MemoryCategory::parameter, MemoryCategory::gradient, MemoryCategory::optimizer_state,
+    MemoryCategory::activation, MemoryCategory::workspace, MemoryCategory::input,
+    MemoryCategory::other};
+
+std::string_view category_name(MemoryCategory c);  // "parameter", "optimizer_state", ...
+
+// The category new allocations on this thread get. Default: activation (what ops make).
+MemoryCategory current_memory_category();
+
+class MemoryCategoryGuard {
+ public:
+  explicit MemoryCategoryGuard(MemoryCategory c);
+  ~MemoryCategoryGuard();
+  MemoryCategoryGuard(const MemoryCategoryGuard&) = delete;
+  MemoryCategoryGuard& operator=(const MemoryCategoryGuard&) = delete;
+
+ private:
+  MemoryCategory prev_;
+};
+
+// The op currently allocating (a string literal, e.g. "matmul"); "" outside any op.
+const char* current_op_name();
+
+class OpNameGuard {
+ public:
+  explicit OpNameGuard(const char* name);
+  ~OpNameGuard();
+  OpNameGuard(const OpNameGuard&) = delete;
+  OpNameGuard& operator=(const OpNameGuard&) = delete;
+
+ private:
+  const char* prev_;
+};
+
+// Dotted module path ("h.3.attn") of the module whose forward is running; "" at top level.
+const std::string& current_module_path();
+
+class ModulePathGuard {
+ public:
+  explicit ModulePathGuard(std::string_view name);  // appends ".name" (or "name" at top level)
+  ~ModulePathGuard();
+  ModulePathGuard(const ModulePathGuard&) = delete;
+  ModulePathGuard& operator=(const ModulePathGuard&) = delete;
+
+ private:
+  size_t prev_len_;
+};
+
+}  // namespace mg

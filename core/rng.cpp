@@ -1,0 +1,29 @@
+// Generator: stream positions mapped onto Philox blocks (4 words per counter value).
+#include "core/rng.h"
+
+#include <cmath>
+
+namespace mg {
+
+uint32_t Generator::bits_at(uint64_t i) const { return philox4x32(seed_, 0, i >> 2)[i & 3]; }
+
+float Generator::uniform_at(uint64_t i) const { return uint_to_unit_float(bits_at(i)); }
+
+float Generator::normal_at(uint64_t i) const {
+  // Box-Muller on the pair of words of a second counter space (counter_hi = 1) at position i.
+  auto w = philox4x32(seed_, 1, i >> 1);
+  uint32_t a = (i & 1) ? w[2] : w[0];
+  uint32_t b = (i & 1) ? w[3] : w[1];
+  float u1 = (float(a >> 8) + 1.0f) * (1.0f / 16777216.0f);  // (0, 1]
+  float u2 = uint_to_unit_float(b);
+  return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.28318530717958647692f * u2);
+}
+
+Generator& default_generator() {
+  static Generator g;
+  return g;
+}
+
+void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+}  // namespace mg
