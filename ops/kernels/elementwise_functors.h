@@ -1,0 +1,79 @@
+// Element math shared by the CPU and CUDA backends: each functor maps compute-type values
+// (float or double) to a value, with MG_HOST_DEVICE so one definition serves both. Backward
+// functors take (dout, x) or (dout, y) and return dx.
+#pragma once
+#include <cmath>
+
+#include "core/half.h"
+
+namespace mg::fn {
+
+// ---- forward, unary ----
+struct Neg { template <class T> MG_HOST_DEVICE T operator()(T x) const { return -x; } };
+struct Exp { template <class T> MG_HOST_DEVICE T operator()(T x) const { return std::exp(x); } };
+struct Log { template <class T> MG_HOST_DEVICE T operator()(T x) const { return std::log(x); } };
+struct Sqrt { template <class T> MG_HOST_DEVICE T operator()(T x) const { return std::sqrt(x); } };
+struct Rsqrt { template <class T> MG_HOST_DEVICE T operator()(T x) const { return T(1) / std::sqrt(x); } };
+struct Abs { template <class T> MG_HOST_DEVICE T operator()(T x) const { return x < T(0) ? -x : x; } };
+struct Tanh { template <class T> MG_HOST_DEVICE T operator()(T x) const { return std::tanh(x); } };
+struct Sigmoid { template <class T> MG_HOST_DEVICE T operator()(T x) const { return T(1) / (T(1) + std::exp(-x)); } };
+struct Relu { template <class T> MG_HOST_DEVICE T operator()(T x) const { return x > T(0) ? x : T(0); } };
+struct Relu6 {
+  template <class T> MG_HOST_DEVICE T operator()(T x) const { return x < T(0) ? T(0) : (x > T(6) ? T(6) : x); }
+};
+struct GeluTanh {
+  template <class T> MG_HOST_DEVICE T operator()(T x) const {
+    const T k = T(0.7978845608028654);  // sqrt(2/pi)
+    return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+  }
+};
+struct Silu { template <class T> MG_HOST_DEVICE T operator()(T x) const { return x / (T(1) + std::exp(-x)); } };
+
+// ---- backward, unary: dx from (dout, x) ----
+struct ExpBackward { template <class T> MG_HOST_DEVICE T operator()(T g, T y) const { return g * y; } };  // from y
+struct LogBackward { template <class T> MG_HOST_DEVICE T operator()(T g, T x) const { return g / x; } };
+struct SqrtBackward { template <class T> MG_HOST_DEVICE T operator()(T g, T y) const { return g / (T(2) * y); } };  // from y
+struct RsqrtBackward { template <class T> MG_HOST_DEVICE T operator()(T g, T y) const { return T(-0.5) * g * y * y * y; } };  // from y
+struct AbsBackward {
+  template <class T> MG_HOST_DEVICE T operator()(T g, T x) const { return x > T(0) ? g : (x < T(0) ? -g : T(0)); }
+};
+struct TanhBackward { template <class T> MG_HOST_DEVICE T operator()(T g, T y) const { return g * (T(1) - y * y); } };  // from y
+struct SigmoidBackward { template <class T> MG_HOST_DEVICE T operator()(T g, T y) const { return g * y * (T(1) - y); } };  // from y
+struct ReluBackward { template <class T> MG_HOST_DEVICE T operator()(T g, T y) const { return y > T(0) ? g : T(0); } };  // from y
+struct Relu6Backward {
+  template <class T> MG_HOST_DEVICE T operator()(T g, T x) const { return (x > T(0) && x < T(6)) ? g : T(0); }
+};
+struct GeluTanhBackward {
+  template <class T> MG_HOST_DEVICE T operator()(T g, T x) const {
+    const T k = T(0.7978845608028654);
+    T x3 = x * x * x;
+    T t = std::tanh(k * (x + T(0.044715) * x3));
+    T dt = k * (T(1) + T(3) * T(0.044715) * x * x) * (T(1) - t * t);
+    return g * (T(0.5) * (T(1) + t) + T(0.5) * x * dt);
+  }
+};
+struct SiluBackward {
+  template <class T> MG_HOST_DEVICE T operator()(T g, T x) const {
+    T s = T(1) / (T(1) + std::exp(-x));
+    return g * s * (T(1) + x * (T(1) - s));
+  }
+};
+
+// ---- forward, binary ----
+struct Add { template <class T> MG_HOST_DEVICE T operator()(T a, T b) const { return a + b; } };
+struct Sub { template <class T> MG_HOST_DEVICE T operator()(T a, T b) const { return a - b; } };
+struct Mul { template <class T> MG_HOST_DEVICE T operator()(T a, T b) const { return a * b; } };
+struct Div { template <class T> MG_HOST_DEVICE T operator()(T a, T b) const { return a / b; } };
+struct Pow { template <class T> MG_HOST_DEVICE T operator()(T a, T b) const { return std::pow(a, b); } };
+struct Maximum { template <class T> MG_HOST_DEVICE T operator()(T a, T b) const { return a != a ? a : (a > b ? a : b); } };
+struct Minimum { template <class T> MG_HOST_DEVICE T operator()(T a, T b) const { return a != a ? a : (a < b ? a : b); } };
+
+// ---- comparisons ----
+struct Eq { template <class T> MG_HOST_DEVICE bool operator()(T a, T b) const { return a == b; } };
+struct Ne { template <class T> MG_HOST_DEVICE bool operator()(T a, T b) const { return a != b; } };
+struct Lt { template <class T> MG_HOST_DEVICE bool operator()(T a, T b) const { return a < b; } };
+struct Le { template <class T> MG_HOST_DEVICE bool operator()(T a, T b) const { return a <= b; } };
+struct Gt { template <class T> MG_HOST_DEVICE bool operator()(T a, T b) const { return a > b; } };
+struct Ge { template <class T> MG_HOST_DEVICE bool operator()(T a, T b) const { return a >= b; } };
+
+}  // namespace mg::fn

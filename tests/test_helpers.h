@@ -1,0 +1,66 @@
+// Helpers shared by the tests: random tensors from a seeded generator, closeness checks with
+// relative + absolute tolerance, and a gradcheck wrapper that reports the mismatch.
+#pragma once
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "autograd/gradcheck.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+
+namespace mg::test {
+
+// Uniform in [lo, hi) from a seeded Philox stream; never all zeros.
+inline Tensor rand_tensor(const Shape& shape, uint64_t seed, DType dtype = DType::f64, double lo = -1.0,
+                          double hi = 1.0, Device device = kCPU) {
+  Generator g(seed);
+  std::vector<double> v(static_cast<size_t>(numel_of(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = lo + (hi - lo) * double(g.uniform_at(i));
+  return from_vector(v, shape, {.dtype = dtype, .device = device});
+}
+
+inline Tensor leaf(Tensor t) {
+  t.set_requires_grad(true);
+  return t;
+}
+
+inline bool all_close(const std::vector<double>& a, const std::vector<double>& b, double rtol = 1e-5,
+                      double atol = 1e-7, std::string* why = nullptr) {
+  if (a.size() != b.size()) {
+    if (why) *why = "sizes differ: " + std::to_string(a.size()) + " vs " + std::to_string(b.size());
+    return false;
+  }
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(std::abs(a[i] - b[i]) <= atol + rtol * std::abs(b[i]))) {
+      if (why) *why = "element " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+      return false;
+    }
+  return true;
+}
+
+inline void check_close(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-7) {
+  REQUIRE(a.shape() == b.shape());
+  std::string why;
+  INFO(why);
+  bool ok = all_close(a.to_double_vector(), b.to_double_vector(), rtol, atol, &why);
+  INFO(why);
+  CHECK(ok);
+}
+
+inline void check_values(const Tensor& a, const std::vector<double>& expected, double rtol = 1e-5, double atol = 1e-7) {
+  std::string why;
+  bool ok = all_close(a.to_double_vector(), expected, rtol, atol, &why);
+  INFO(why);
+  CHECK(ok);
+}
+
+inline void check_gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                            const std::vector<Tensor>& inputs, GradcheckOptions opt = {}) {
+  GradcheckResult r = gradcheck(fn, inputs, opt);
+  INFO(r.message);
+  CHECK(r.ok);
+}
+
+}  // namespace mg::test
