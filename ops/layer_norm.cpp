@@ -1,0 +1,204 @@
+// layer_norm over the last dim: y = (x - mean) * rstd * weight + bias, one row of C per thread
+// task. x is viewed as (M, C) rows; statistics are two-pass (mean, then centred squares).
+//
+// What LayerNormBackward saves: x plus mean and rstd (M each), not x-hat. Backward needs rstd
+// either way (dx = rstd * (...)), so x-hat + rstd is a fresh (M, C) tensor plus M floats, while
+// x + mean + rstd is the caller's tensor plus 2M floats: at worst M floats more (when nothing
+// else keeps x alive), and M * C less whenever x is live anyway (saved by another op, an input).
+// llm.c makes the same choice. Weight is saved when dx is needed (dx reads it).
+// dweight/dbias are summed over fixed blocks of rows, the block partials added in order.
+#include <algorithm>
+#include <cmath>
+
+#include "core/parallel.h"
+#include "ops/op_utils.h"
+#include "ops/ops.h"
+
+namespace mg {
+namespace {
+
+constexpr int64_t kRowsPerBlock = 32;  // rows per dweight/dbias partial (fixed: thread-independent)
+
+template <class T>
+using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+Tensor contiguous_scratch(const Tensor& t) {
+  if (t.is_contiguous()) return t.detach();
+  MemoryCategoryGuard ws(MemoryCategory::workspace);
+  return contiguous(t.detach());
+}
+
+bool wants_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
+
+// y, x: (M, C) contiguous; w, b: (C) or undefined; mean, rstd: (M).
+template <class T>
+void layer_norm_kernel(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w,
+                       const Tensor& b, double eps) {
+  using S = stat_t<T>;
+  int64_t C = x.size(-1), M = x.numel() / C;
+  const T* px = x.data<T>();
+  const T* pw = w.defined() ? w.data<T>() : nullptr;
+  const T* pb = b.defined() ? b.data<T>() : nullptr;
+  int64_t ws = w.defined() ? w.stride(0) : 0, bs = b.defined() ? b.stride(0) : 0;
+  T* py = y.data<T>();
+  S *pm = mean.data<S>(), *pr = rstd.data<S>();
+  parallel_for(0, M, std::max<int64_t>(1, 16384 / C), [&](int64_t rb, int64_t re) {
+    for (int64_t i = rb; i < re; ++i) {
+      const T* xi = px + i * C;
+      S m = 0, v = 0;
+      for (int64_t j = 0; j < C; ++j) m += S(xi[j]);
+      m /= S(C);
+      for (int64_t j = 0; j < C; ++j) v += (S(xi[j]) - m) * (S(xi[j]) - m);
+      S r = S(1) / std::sqrt(v / S(C) + S(eps));
+      pm[i] = m, pr[i] = r;
+      T* yi = py + i * C;
+      for (int64_t j = 0; j < C; ++j) {
+        S h = (S(xi[j]) - m) * r;
+        if (pw) h *= S(pw[j * ws]);
+        if (pb) h += S(pb[j * bs]);
+        yi[j] = T(h);
+      }
+    }
+  });
+}
+
+// dx: (M, C) or undefined; dw, db: (C) or undefined. dy, x contiguous (M, C); w (C) or undefined.
+template <class T>
+void layer_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
+                                const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w) {
+  using S = stat_t<T>;
+  int64_t C = x.size(-1), M = x.numel() / C;
+  int64_t blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
+  bool want_params = dw.defined() || db.defined();
+  Tensor partial;  // (blocks, 2, C): per block, sum of dy * xhat and sum of dy
+  if (want_params) {
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    partial = empty({blocks, 2, C}, {.dtype = dtype_of_v<S>, .device = x.device()});
+  }
+  const T *pdy = dy.data<T>(), *px = x.data<T>();
+  const T* pw = w.defined() ? w.data<T>() : nullptr;
+  int64_t wst = w.defined() ? w.stride(0) : 0;
+  const S *pm = mean.data<S>(), *pr = rstd.data<S>();
+  T* pdx = dx.defined() ? dx.data<T>() : nullptr;
+  S* pp = want_params ? partial.data<S>() : nullptr;
+  parallel_for(0, blocks, 1, [&](int64_t bb, int64_t be) {
+    for (int64_t blk = bb; blk < be; ++blk) {
+      S* pdw = pp ? pp + blk * 2 * C : nullptr;  // (C) partial dweight
+      S* pdb = pp ? pdw + C : nullptr;           // (C) partial dbias
+      if (pp) std::fill(pdw, pdw + 2 * C, S(0));
+      for (int64_t i = blk * kRowsPerBlock, ie = std::min(M, (blk + 1) * kRowsPerBlock); i < ie; ++i) {
+        const T *g = pdy + i * C, *xi = px + i * C;
+        S m = pm[i], r = pr[i];
+        if (pp)
+          for (int64_t j = 0; j < C; ++j) {
+            pdw[j] += S(g[j]) * (S(xi[j]) - m) * r;
+            pdb[j] += S(g[j]);
+          }
+        if (!pdx) continue;
+        // dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), gh = dy * weight
+        S a = 0, c = 0;
+        for (int64_t j = 0; j < C; ++j) {
+          S gh = pw ? S(g[j]) * S(pw[j * wst]) : S(g[j]);
+          a += gh;
+          c += gh * (S(xi[j]) - m) * r;
+        }
+        a /= S(C), c /= S(C);
+        T* o = pdx + i * C;
+        for (int64_t j = 0; j < C; ++j) {
+          S gh = pw ? S(g[j]) * S(pw[j * wst]) : S(g[j]);
+          o[j] = T(r * (gh - a - (S(xi[j]) - m) * r * c));
+        }
+      }
+    }
+  });
+  if (!pp) return;
+  T* odw = dw.defined() ? dw.data<T>() : nullptr;
+  T* odb = db.defined() ? db.data<T>() : nullptr;
+  parallel_for(0, C, 4096, [&](int64_t jb, int64_t je) {
+    for (int64_t j = jb; j < je; ++j) {
+      S sw = 0, sb = 0;
+      for (int64_t blk = 0; blk < blocks; ++blk) sw += pp[blk * 2 * C + j], sb += pp[blk * 2 * C + C + j];
+      if (odw) odw[j] = T(sw);
+      if (odb) odb[j] = T(sb);
+    }
+  });
+}
+
+class LayerNormBackward : public Node {
+ public:
+  std::string_view name() const override { return "LayerNormBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    bool need_dx = needs_input_grad(0), need_dw = needs_input_grad(1), need_db = needs_input_grad(2);
+    int64_t C = g[0].size(-1);
+    if (!need_dx && !need_dw) return {Tensor(), Tensor(), sum_to(reshape(g[0], {-1, C}), {C})};  // dbias only
+    Tensor dy = contiguous_scratch(g[0]);
+    TensorOptions opt{.dtype = dy.dtype(), .device = dy.device()};
+    Tensor dx = need_dx ? empty(dy.shape(), opt) : Tensor();
+    Tensor dw = need_dw ? empty({C}, opt) : Tensor();
+    Tensor db = need_db ? empty({C}, opt) : Tensor();
+    if (dy.is_meta()) return {dx, dw, db};
+    if (dy.numel() == 0) {  // no rows: zero parameter gradients
+      if (dw.defined()) fill_(dw, 0.0);
+      if (db.defined()) fill_(db, 0.0);
+      return {dx, dw, db};
+    }
+    Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();
+    Tensor wv = weight.defined() ? weight.unpack() : Tensor();
+    MG_DISPATCH_FLOAT(dy.dtype(), "layer_norm backward",
+                      [&] { layer_norm_backward_kernel<scalar_t>(dx, dw, db, dy, xv, mv, rv, wv); });
+    return {dx, dw, db};
+  }
+  SavedTensor x{this};       // (..., C) the input itself, when dx or dweight is needed
+  SavedTensor mean{this};    // (M) per-row mean
+  SavedTensor rstd{this};    // (M) per-row 1 / sqrt(var + eps)
+  SavedTensor weight{this};  // (C) when dx is needed and weight is defined
+};
+
+void check_param(const char* op, const Tensor& p, const Tensor& x, const char* what) {
+  if (!p.defined()) return;
+  check_same_device(op, x, p);
+  check_same_dtype(op, x, p);
+  MG_CHECK(p.dim() == 1 && p.size(0) == x.size(-1), op, ": ", what, " must have shape ", Shape{x.size(-1)},
+           " for input ", x.shape(), ", got ", p.shape());
+}
+
+}  // namespace
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = "layer_norm";
+  check_defined(op, x, "input");
+  check_floating(op, x);
+  check_cpu_kernel(op, x);
+  MG_CHECK(x.dim() >= 1 && x.size(-1) > 0, op, ": input must be (..., C) with C > 0, got shape ", x.shape());
+  check_param(op, weight, x, "weight");
+  check_param(op, bias, x, "bias");
+  OpNameGuard name(op);
+  int64_t C = x.size(-1), M = x.numel() / C;
+  bool record = any_requires_grad({x, weight, bias});
+  bool keep_x = record && (wants_grad(x) || wants_grad(weight));
+  Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});  // (..., C)
+  Tensor mean, rstd;                                                        // (M) each
+  {
+    // Statistics are activations only when backward will read them.
+    MemoryCategoryGuard cat(keep_x ? current_memory_category() : MemoryCategory::workspace);
+    DType sd = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    mean = empty({M}, {.dtype = sd, .device = x.device()});
+    rstd = empty({M}, {.dtype = sd, .device = x.device()});
+  }
+  if (!skip_kernel(y)) {
+    Tensor xc = contiguous_scratch(x);
+    MG_DISPATCH_FLOAT(x.dtype(), op, [&] { layer_norm_kernel<scalar_t>(y, mean, rstd, xc, weight, bias, eps); });
+  }
+  if (auto node = make_node_if_needed<LayerNormBackward>({x, weight, bias})) {
+    if (keep_x) {
+      node->x.save(x);
+      node->mean.save(mean);
+      node->rstd.save(rstd);
+    }
+    if (weight.defined() && wants_grad(x)) node->weight.save(weight);
+    set_history(node, {x, weight, bias}, {y});
+  }
+  return y;
+}
+
+}  // namespace mg
