@@ -1,0 +1,16 @@
+// The subcommands of the `memgrad` command line. Each lives in its own apps/<name>.cpp and
+// registers itself through one explicit add_*_command function that main() calls in order
+// (never through static-initializer objects, which the linker may drop). A new subcommand adds
+// its function here and one call in apps/main.cpp.
+#pragma once
+
+namespace CLI {
+class App;
+}
+
+namespace mg {
+
+// `memgrad info`: version, build options, SIMD and threads, devices and their memory pools.
+void add_info_command(CLI::App& app);
+
+}  // namespace mg
