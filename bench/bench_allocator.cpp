@@ -18,7 +18,7 @@ void BM_CachingAllocatorPair(benchmark::State& state) {
   alloc.free(alloc.allocate(bytes));  // warm: the segment now sits in the cache
   const int64_t segments_before = alloc.stats().num_segment_allocs;
   for (auto _ : state) {
-    mg::Block* b = alloc.allocate(bytes);
+    mg::MemoryBlock* b = alloc.allocate(bytes);
     benchmark::DoNotOptimize(b->ptr);
     alloc.free(b);
   }

@@ -30,13 +30,13 @@ class BackendAllocator {
 struct Segment;
 
 // A piece of a segment, live (allocated) or cached (free for reuse).
-struct Block {
+struct MemoryBlock {
   char* ptr = nullptr;
   size_t size = 0;       // rounded size this block occupies
   size_t requested = 0;  // bytes the caller asked for (valid while allocated)
   Segment* segment = nullptr;
-  Block* prev = nullptr;  // neighbours inside the segment (for split / coalesce)
-  Block* next = nullptr;
+  MemoryBlock* prev = nullptr;  // neighbours inside the segment (for split / coalesce)
+  MemoryBlock* next = nullptr;
   bool allocated = false;
   MemoryCategory category = MemoryCategory::other;
   const char* op = "";
@@ -100,8 +100,8 @@ class CachingAllocator {
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   // Tags the block with the thread's current category and op. Throws OutOfMemoryError.
-  Block* allocate(size_t bytes);
-  void free(Block* b);
+  MemoryBlock* allocate(size_t bytes);
+  void free(MemoryBlock* b);
   // Returns every cached (unused) segment to the backend.
   void empty_cache();
 

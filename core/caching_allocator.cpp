@@ -31,7 +31,7 @@ struct Segment {
   char* ptr;
   size_t size;
   bool small_pool;
-  Block* first;  // blocks in address order via next
+  MemoryBlock* first;  // blocks in address order via next
 };
 
 namespace {
@@ -47,7 +47,7 @@ constexpr size_t kLargeRound = 2 << 20;        // 2 MiB
 size_t round_size(size_t n) { return n < kRound ? kRound : (n + kRound - 1) / kRound * kRound; }
 
 struct BlockLess {
-  bool operator()(const Block* a, const Block* b) const {
+  bool operator()(const MemoryBlock* a, const MemoryBlock* b) const {
     return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
   }
 };
@@ -119,17 +119,17 @@ struct CachingAllocator::Impl {
   Device device;
   std::unique_ptr<BackendAllocator> backend;
   mutable std::mutex mu;
-  std::set<Block*, BlockLess> small_free, large_free;
+  std::set<MemoryBlock*, BlockLess> small_free, large_free;
   std::vector<Segment*> segments;
   MemoryStats stats;
   uint64_t next_id = 1;
 
-  std::set<Block*, BlockLess>& pool(bool small) { return small ? small_free : large_free; }
+  std::set<MemoryBlock*, BlockLess>& pool(bool small) { return small ? small_free : large_free; }
 
   ~Impl() {
     for (Segment* s : segments) {
-      for (Block* b = s->first; b;) {
-        Block* n = b->next;
+      for (MemoryBlock* b = s->first; b;) {
+        MemoryBlock* n = b->next;
         delete b;
         b = n;
       }
@@ -138,14 +138,14 @@ struct CachingAllocator::Impl {
     }
   }
 
-  Block* find_free(size_t size, bool small) {
+  MemoryBlock* find_free(size_t size, bool small) {
     auto& p = pool(small);
-    Block key;
+    MemoryBlock key;
     key.size = size;
     key.ptr = nullptr;
     auto it = p.lower_bound(&key);
     if (it == p.end()) return nullptr;
-    Block* b = *it;
+    MemoryBlock* b = *it;
     p.erase(it);
     return b;
   }
@@ -154,7 +154,7 @@ struct CachingAllocator::Impl {
     void* p = backend->allocate_segment(size);
     if (!p) return nullptr;
     auto* seg = new Segment{static_cast<char*>(p), size, small, nullptr};
-    auto* b = new Block;
+    auto* b = new MemoryBlock;
     b->ptr = seg->ptr;
     b->size = size;
     b->segment = seg;
@@ -182,7 +182,7 @@ struct CachingAllocator::Impl {
   void release_free_segments() {
     std::vector<Segment*> keep;
     for (Segment* s : segments) {
-      Block* b = s->first;
+      MemoryBlock* b = s->first;
       if (!b->allocated && b->next == nullptr) {
         pool(s->small_pool).erase(b);
         delete b;
@@ -197,10 +197,10 @@ struct CachingAllocator::Impl {
     segments.swap(keep);
   }
 
-  void split(Block* b, size_t size, bool small) {
+  void split(MemoryBlock* b, size_t size, bool small) {
     size_t rest = b->size - size;
     if (small ? rest < kRound : rest <= kMinLargeSplit) return;
-    auto* r = new Block;
+    auto* r = new MemoryBlock;
     r->ptr = b->ptr + size;
     r->size = rest;
     r->segment = b->segment;
@@ -215,7 +215,7 @@ struct CachingAllocator::Impl {
   std::vector<LiveBlockInfo> largest(size_t n) const {
     std::vector<LiveBlockInfo> v;
     for (Segment* s : segments)
-      for (Block* b = s->first; b; b = b->next)
+      for (MemoryBlock* b = s->first; b; b = b->next)
         if (b->allocated) v.push_back({b->size, b->category, b->op, b->id});
     std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.bytes > b.bytes; });
     if (v.size() > n) v.resize(n);
@@ -257,11 +257,11 @@ CachingAllocator::CachingAllocator(Device device, std::unique_ptr<BackendAllocat
 
 CachingAllocator::~CachingAllocator() = default;
 
-Block* CachingAllocator::allocate(size_t bytes) {
+MemoryBlock* CachingAllocator::allocate(size_t bytes) {
   Impl& m = *impl_;
   size_t size = round_size(bytes);
   bool small = size <= kSmallRequest;
-  Block* b;
+  MemoryBlock* b;
   {
     std::lock_guard<std::mutex> lk(m.mu);
     b = m.find_free(size, small);
@@ -291,7 +291,7 @@ Block* CachingAllocator::allocate(size_t bytes) {
   return b;
 }
 
-void CachingAllocator::free(Block* b) {
+void CachingAllocator::free(MemoryBlock* b) {
   Impl& m = *impl_;
   MemoryEvent ev{MemoryEvent::Kind::free, device_, b->id, b->size, b->category, b->op, 0};
   {
@@ -306,7 +306,7 @@ void CachingAllocator::free(Block* b) {
     auto& pool = m.pool(small);
     // Coalesce with free neighbours.
     if (b->prev && !b->prev->allocated) {
-      Block* p = b->prev;
+      MemoryBlock* p = b->prev;
       pool.erase(p);
       p->size += b->size;
       p->next = b->next;
@@ -315,7 +315,7 @@ void CachingAllocator::free(Block* b) {
       b = p;
     }
     if (b->next && !b->next->allocated) {
-      Block* n = b->next;
+      MemoryBlock* n = b->next;
       pool.erase(n);
       b->size += n->size;
       b->next = n->next;

@@ -31,6 +31,7 @@ OpNameGuard::~OpNameGuard() { t_op_name = prev_; }
 
 const std::string& current_module_path() { return t_module_path; }
 ModulePathGuard::ModulePathGuard(std::string_view name) : prev_len_(t_module_path.size()) {
+  if (name.empty()) return;  // an unnamed (top-level) module adds nothing to the path
   if (!t_module_path.empty()) t_module_path += '.';
   t_module_path += name;
 }

@@ -30,7 +30,7 @@ class Storage {
   void bump_version() { ++version_; }
 
  private:
-  Block* block_ = nullptr;
+  MemoryBlock* block_ = nullptr;
   size_t nbytes_;
   Device device_;
   uint64_t version_ = 0;

@@ -24,11 +24,11 @@ int64_t rss_bytes() {
 TEST_CASE("allocator rounds to 512 bytes and reuses a freed block", "[allocator]") {
   CachingAllocator& a = allocator_for(fresh_cpu(3));
   a.empty_cache();
-  Block* b1 = a.allocate(100);
+  MemoryBlock* b1 = a.allocate(100);
   CHECK(b1->size == 512);
   char* p = b1->ptr;
   a.free(b1);
-  Block* b2 = a.allocate(300);
+  MemoryBlock* b2 = a.allocate(300);
   CHECK(b2->ptr == p);  // same memory, from the cache
   auto s = a.stats();
   CHECK(s.num_segment_allocs == 1);
@@ -41,9 +41,9 @@ TEST_CASE("allocator rounds to 512 bytes and reuses a freed block", "[allocator]
 
 TEST_CASE("allocator splits blocks and coalesces neighbours on free", "[allocator]") {
   CachingAllocator& a = allocator_for(fresh_cpu(4));
-  Block* x = a.allocate(4 << 20);  // 4 MiB from a 20 MiB segment
-  Block* y = a.allocate(4 << 20);
-  Block* z = a.allocate(4 << 20);
+  MemoryBlock* x = a.allocate(4 << 20);  // 4 MiB from a 20 MiB segment
+  MemoryBlock* y = a.allocate(4 << 20);
+  MemoryBlock* z = a.allocate(4 << 20);
   CHECK(y->ptr == x->ptr + (4 << 20));
   CHECK(z->ptr == y->ptr + (4 << 20));
   CHECK(a.stats().reserved.current == 20 << 20);
@@ -51,7 +51,7 @@ TEST_CASE("allocator splits blocks and coalesces neighbours on free", "[allocato
   a.free(z);
   a.free(y);  // merges with both neighbours
   // A freed large block is reused whole: a 20 MiB request needs no new segment.
-  Block* big = a.allocate(20 << 20);
+  MemoryBlock* big = a.allocate(20 << 20);
   CHECK(big->ptr == x->ptr);
   CHECK(a.stats().num_segment_allocs == 1);
   a.free(big);
