@@ -12,5 +12,7 @@ namespace mg {
 
 // `memgrad info`: version, build options, SIMD and threads, devices and their memory pools.
 void add_info_command(CLI::App& app);
+// `memgrad mlp`: train a small MLP on synthetic spirals; loss, accuracy, meta-predicted and real memory.
+void add_mlp_command(CLI::App& app);
 
 }  // namespace mg
