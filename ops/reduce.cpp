@@ -66,7 +66,6 @@ void sum_kernel(const Tensor& out, const Tensor& x, const std::vector<bool>& mas
                     });
     return acc;
   };
-  Shape kept_contig = contiguous_strides(kept_sizes);
   auto out_offset = [&](int64_t i) {  // element offset in x of output element i
     int64_t off = 0;
     for (size_t d = kept_sizes.size(); d-- > 0;) {
@@ -90,12 +89,28 @@ void sum_kernel(const Tensor& out, const Tensor& x, const std::vector<bool>& mas
     o[0] = static_cast<O>(static_cast<compute_t<T>>(total));
     return;
   }
+  // Reducing the leading dims of a contiguous tensor (a bias gradient: (R, K) -> (K)): walk
+  // rows and accumulate a block of columns at a time, so memory is read in order. Each column is
+  // still summed over rows 0..R-1 in order, whatever the thread count.
+  bool leading_only = x.is_contiguous() && !mask.empty();
+  for (size_t d = 1; d < mask.size(); ++d) leading_only = leading_only && !(mask[d] && !mask[d - 1]);
+  if (leading_only && n_out > 1) {
+    constexpr int64_t kCols = 256;
+    parallel_for(0, n_out, kCols, [&](int64_t jb, int64_t je) {
+      A acc[kCols] = {};
+      for (int64_t r = 0; r < n_red; ++r) {
+        const T* row = base + r * n_out;
+        for (int64_t j = jb; j < je; ++j) acc[j - jb] += A(compute_t<T>(row[j]));
+      }
+      for (int64_t j = jb; j < je; ++j) o[j] = static_cast<O>(static_cast<compute_t<T>>(acc[j - jb]));
+    });
+    return;
+  }
   int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n_red));
   parallel_for(0, n_out, grain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i)
       o[i] = static_cast<O>(static_cast<compute_t<T>>(n_red == 0 ? A(0) : reduce_rows(out_offset(i), 0, red_rows)));
   });
-  (void)kept_contig;
 }
 
 class SumBackward : public Node {
