@@ -1,26 +1,161 @@
-// cpu_gemm on OpenBLAS's cblas (built on OpenMP, sharing memgrad's thread pool).
+// cpu_gemm on Eigen's GEMM, with memgrad's own threading so that results do not depend on the
+// thread count: C is cut into a grid of tiles fixed by (M, N, K) alone, and each tile is one
+// single-threaded product, the tiles run in parallel with parallel_for. (A library's own threaded
+// GEMM splits C by thread count, and edge tiles round differently from full ones, so the same
+// product would give different bits on 1 and 2 threads.) Eigen, not OpenBLAS: bench/bench_matmul.cpp
+// measured Eigen (compiled -march=native, AVX-512) >10% faster than this OpenBLAS, whose runtime
+// CPU detection falls back to its Haswell (AVX2) kernels on this machine.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
+// GCC 12 false positive on _mm512_undefined_ps() inside Eigen's AVX-512 kernels (GCC bug 105593).
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include "ops/cpu_gemm.h"
 
-#include <cblas.h>
+#include <Eigen/Core>
+#include <algorithm>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#include "core/error.h"
+#include "core/parallel.h"
 
 namespace mg {
+namespace {
+
+// Products up to this many multiply-adds are one tile; larger ones are cut into 2 to 16.
+constexpr int64_t kSerialMacs = int64_t(1) << 18;
+constexpr int64_t kMaxTiles = 16;      // a power of two: tiles divide evenly over 2, 4, 8, 16 threads
+constexpr int64_t kTileAlign = 16;     // tile sides are multiples of the kernels' unroll
+constexpr int64_t kMinTileSide = 64;   // no tile thinner than this after the first split
+constexpr int64_t kMinTileMacs = int64_t(1) << 20;
+
+// A grid of tm x tn tiles of (rows, cols) each (the last row / column of tiles may be smaller).
+struct TileGrid {
+  int64_t tm = 1, tn = 1, rows = 0, cols = 0;
+};
+
+// The side of each of t tiles over n: rounded up to the kernel unroll once it is that long.
+int64_t tile_side(int64_t n, int64_t t) {
+  const int64_t base = (n + t - 1) / t;
+  return base >= kTileAlign ? std::min(n, (base + kTileAlign - 1) / kTileAlign * kTileAlign) : base;
+}
+
+// Halves the longer tile side while tiles stay thick and big enough; always 2+ tiles when it can.
+TileGrid plan_tiles(int64_t M, int64_t N, int64_t K) {
+  int64_t tm = 1, tn = 1;
+  while (tm * tn < kMaxTiles) {
+    const int64_t r = tile_side(M, tm), c = tile_side(N, tn);
+    const bool split_rows = r >= c;
+    const int64_t side = split_rows ? r : c, other = split_rows ? c : r, half = (side + 1) / 2;
+    if (side < 2) break;
+    const bool first = tm * tn == 1;
+    if (!first && (half < kMinTileSide || half * other * K < kMinTileMacs)) break;
+    (split_rows ? tm : tn) *= 2;
+  }
+  TileGrid g;
+  g.rows = tile_side(M, tm);
+  g.cols = tile_side(N, tn);
+  g.tm = (M + g.rows - 1) / g.rows;  // rounding may leave fewer, fuller tiles
+  g.tn = (N + g.cols - 1) / g.cols;
+  return g;
+}
+
+void check_sizes(int64_t M, int64_t N, int64_t K) {
+  MG_CHECK(M >= 0 && N >= 0 && K >= 0, "cpu_gemm: negative size M=", M, " N=", N, " K=", K);
+}
+
+// A row-major matrix needs ld >= max(1, row length); a smaller one is a caller bug.
+void check_ld(int64_t ld, int64_t row_len, const char* which) {
+  MG_CHECK(ld >= std::max<int64_t>(row_len, 1), "cpu_gemm: leading dimension ", which, " = ", ld,
+           " is smaller than the row length ", row_len);
+}
+
+// Runs one product single-threaded: Eigen threads a GEMM unless it is inside a parallel region
+// of 2+ threads or omp_get_max_threads() is 1, so the latter is set for the calling thread.
+class SerialEigen {
+ public:
+#ifdef _OPENMP
+  SerialEigen() : prev_(omp_get_max_threads()) { omp_set_num_threads(1); }
+  ~SerialEigen() { omp_set_num_threads(prev_); }
+
+ private:
+  int prev_;
+#endif
+};
+
+// C (M, N) = alpha * op(A) op(B) + beta * C on row-major maps with leading dimensions.
+template <class T>
+void eigen_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Stride = Eigen::OuterStride<>;
+  const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
+  Eigen::Map<const Mat, Eigen::Unaligned, Stride> a(A, at ? K : M, at ? M : K, Stride(lda));
+  Eigen::Map<const Mat, Eigen::Unaligned, Stride> b(B, bt ? N : K, bt ? K : N, Stride(ldb));
+  Eigen::Map<Mat, Eigen::Unaligned, Stride> c(C, M, N, Stride(ldc));
+  auto run = [&](const auto& opa, const auto& opb) {
+    if (beta == T(0)) {
+      c.noalias() = (alpha * opa) * opb;  // C is not read: it may hold garbage
+    } else {
+      if (beta != T(1)) c *= beta;
+      c.noalias() += (alpha * opa) * opb;
+    }
+  };
+  SerialEigen serial;
+  if (!at && !bt) run(a, b);
+  else if (!at) run(a, b.transpose());
+  else if (!bt) run(a.transpose(), b);
+  else run(a.transpose(), b.transpose());
+}
+
+template <class T>
+void gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+          int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  check_sizes(M, N, K);
+  check_ld(ldc, N, "ldc");
+  if (K == 0) {  // an empty sum: C = beta * C
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
+    return;
+  }
+  check_ld(lda, ta == Transpose::yes ? M : K, "lda");
+  check_ld(ldb, tb == Transpose::yes ? K : N, "ldb");
+  if (M * N * K <= kSerialMacs) return eigen_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  const TileGrid g = plan_tiles(M, N, K);
+  parallel_for(0, g.tm * g.tn, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t r0 = (t / g.tn) * g.rows, c0 = (t % g.tn) * g.cols;
+      const int64_t rows = std::min(g.rows, M - r0), cols = std::min(g.cols, N - c0);
+      // Rows r0.. of op(A): rows of A, or columns of the stored A^T; columns c0.. of op(B) likewise.
+      const T* a = ta == Transpose::no ? A + r0 * lda : A + r0;
+      const T* b = tb == Transpose::no ? B + c0 : B + c0 * ldb;
+      eigen_gemm(ta, tb, rows, cols, K, alpha, a, lda, b, ldb, beta, C + r0 * ldc + c0, ldc);
+    }
+  });
+}
+
+}  // namespace
 
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  cblas_sgemm(CblasRowMajor, ta == Transpose::yes ? CblasTrans : CblasNoTrans,
-              tb == Transpose::yes ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, A, int(lda), B,
-              int(ldb), beta, C, int(ldc));
+  gemm<float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
               int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  cblas_dgemm(CblasRowMajor, ta == Transpose::yes ? CblasTrans : CblasNoTrans,
-              tb == Transpose::yes ? CblasTrans : CblasNoTrans, int(M), int(N), int(K), alpha, A, int(lda), B,
-              int(ldb), beta, C, int(ldc));
+  gemm<double>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-const char* cpu_gemm_backend() { return "OpenBLAS (cblas, OpenMP threads)"; }
+#define MG_STR2(x) #x
+#define MG_STR(x) MG_STR2(x)
+const char* cpu_gemm_backend() {
+  return "Eigen " MG_STR(EIGEN_WORLD_VERSION) "." MG_STR(EIGEN_MAJOR_VERSION) "." MG_STR(EIGEN_MINOR_VERSION)
+      " (single-threaded products on a fixed tile grid, run by memgrad's OpenMP threads)";
+}
+#undef MG_STR
+#undef MG_STR2
 
 }  // namespace mg

@@ -1,0 +1,112 @@
+// conv2d on the three convolutions of a MobileNetV2 inverted-residual block at batch 16, 32x32
+// (the mobilenetv2-32 workload's shape): 1x1 expand 32 -> 192, 3x3 depthwise 192 (padding 1),
+// 1x1 project 192 -> 32. Each conv is timed forward only and forward + backward (dx, dW, db),
+// and the whole block (expand -> depthwise -> project) forward + backward. Reports ms per call
+// and GFLOP/s, counting 2 * N * Cout * OH * OW * Cin/groups * KH * KW per forward and twice
+// that for the backward (dx and dW), as cuDNN and PyTorch's profiler do.
+// Run: OMP_NUM_THREADS=2 build/<dir>/bench/bench_conv --benchmark_min_time=0.5
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "autograd/engine.h"
+#include "autograd/grad_mode.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace {
+
+constexpr int64_t kBatch = 16, kSize = 32, kIn = 32, kHidden = 192;
+
+struct ConvSpec {
+  int64_t cin, cout, k, groups;
+  double flops() const {  // forward
+    return 2.0 * double(kBatch * cout * kSize * kSize) * double(cin / groups * k * k);
+  }
+};
+const ConvSpec kExpand{kIn, kHidden, 1, 1}, kDepthwise{kHidden, kHidden, 3, kHidden}, kProject{kHidden, kIn, 1, 1};
+
+mg::Tensor filled(const mg::Shape& s, double scale, double freq) {
+  mg::Tensor t = mg::empty(s);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = float(scale * std::sin(freq * double(i) + 0.1));
+  return t;
+}
+
+// Operands of one conv: x (16, cin, 32, 32), weight (cout, cin/groups, k, k), bias (cout).
+struct ConvOperands {
+  explicit ConvOperands(const ConvSpec& c)
+      : spec(c),
+        x(filled({kBatch, c.cin, kSize, kSize}, 1.0, 0.37)),
+        w(filled({c.cout, c.cin / c.groups, c.k, c.k}, 1.0 / std::sqrt(double(c.cin / c.groups * c.k * c.k)), 0.23)),
+        b(filled({c.cout}, 0.1, 0.5)),
+        dout(filled({kBatch, c.cout, kSize, kSize}, 1.0, 0.71)) {}
+  mg::Tensor run() const { return mg::conv2d(x, w, b, {1, spec.k / 2, spec.groups}); }
+  ConvSpec spec;
+  mg::Tensor x, w, b, dout;
+};
+
+void set_counters(benchmark::State& state, double flops_per_iter) {
+  state.counters["GFLOP/s"] = benchmark::Counter(flops_per_iter * 1e-9 * double(state.iterations()),
+                                                 benchmark::Counter::kIsRate);
+}
+
+enum class Pass : int64_t { forward = 0, forward_backward = 1 };
+
+void run_conv(benchmark::State& state, const ConvSpec& spec) {
+  const Pass pass = Pass(state.range(0));
+  ConvOperands op(spec);
+  if (pass == Pass::forward) {
+    mg::NoGradGuard no_grad;
+    for (auto _ : state) benchmark::DoNotOptimize(op.run().data_ptr());
+    set_counters(state, spec.flops());
+    return;
+  }
+  op.x.set_requires_grad(true);
+  op.w.set_requires_grad(true);
+  op.b.set_requires_grad(true);
+  for (auto _ : state) {
+    for (const mg::Tensor* t : {&op.x, &op.w, &op.b}) t->set_grad(mg::Tensor());
+    mg::backward(op.run(), op.dout);
+    benchmark::DoNotOptimize(op.w.grad().data_ptr());
+  }
+  set_counters(state, 3.0 * spec.flops());
+}
+
+void BM_ConvExpand1x1(benchmark::State& state) { run_conv(state, kExpand); }
+void BM_ConvDepthwise3x3(benchmark::State& state) { run_conv(state, kDepthwise); }
+void BM_ConvProject1x1(benchmark::State& state) { run_conv(state, kProject); }
+
+// expand -> depthwise -> project, forward + backward; x and all weights need gradients.
+void BM_BlockForwardBackward(benchmark::State& state) {
+  ConvOperands e(kExpand), d(kDepthwise), p(kProject);
+  mg::Tensor x = e.x.set_requires_grad(true);
+  for (ConvOperands* o : {&e, &d, &p}) {
+    o->w.set_requires_grad(true);
+    o->b.set_requires_grad(true);
+  }
+  for (auto _ : state) {
+    x.set_grad(mg::Tensor());
+    for (ConvOperands* o : {&e, &d, &p}) {
+      o->w.set_grad(mg::Tensor());
+      o->b.set_grad(mg::Tensor());
+    }
+    mg::Tensor h = mg::conv2d(x, e.w, e.b, {1, 0, 1});
+    h = mg::conv2d(h, d.w, d.b, {1, 1, kHidden});
+    h = mg::conv2d(h, p.w, p.b, {1, 0, 1});
+    mg::backward(h, p.dout);
+    benchmark::DoNotOptimize(e.w.grad().data_ptr());
+  }
+  set_counters(state, 3.0 * (kExpand.flops() + kDepthwise.flops() + kProject.flops()));
+}
+
+}  // namespace
+
+// Arg 0: forward only (no_grad); 1: forward + backward.
+BENCHMARK(BM_ConvExpand1x1)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ConvDepthwise3x3)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_ConvProject1x1)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_BlockForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+BENCHMARK_MAIN();

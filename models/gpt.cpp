@@ -1,0 +1,245 @@
+// GPT-2: configuration (named workloads, JSON), the layers (attention, MLP, block), the model's
+// forward to logits and loss, and GPT-2's initialisation. Sampling with the KV cache lives in
+// gpt_generate.cpp, reading Hugging Face weights in gpt_hf.cpp.
+// Shapes: B batch, T time, C d_model, NH heads, HS head size, V vocab, Vp padded vocab.
+#include "models/gpt.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "models/nn/init.h"
+
+namespace mg {
+namespace {
+
+constexpr int64_t kVocabMultiple = 128;  // llm.c's padding: 50257 -> 50304
+constexpr double kInitStd = 0.02;        // GPT-2's N(0, 0.02^2)
+
+// A Linear initialised as GPT-2: weight ~ N(0, std^2), bias 0. The Linear constructor's own
+// (PyTorch default) draws come from a scratch generator, so `init`'s stream holds exactly the
+// GPT-2 draws and a model's weights depend only on its seed and config.
+std::shared_ptr<Linear> gpt2_linear(int64_t in, int64_t out, double std, const InitOptions& init) {
+  Generator scratch(0);
+  InitOptions tmp = init;
+  tmp.gen = &scratch;
+  auto fc = std::make_shared<Linear>(in, out, true, tmp);
+  normal_(fc->weight, 0.0, std, init.generator());
+  fill_(fc->bias, 0.0);
+  return fc;
+}
+
+// GPT-2 scales the residual projections by 1/sqrt(2 n_layer): each block adds two branches.
+double residual_std(const GPTConfig& cfg) { return kInitStd / std::sqrt(2.0 * double(cfg.n_layer)); }
+
+}  // namespace
+
+// ---- configuration --------------------------------------------------------------------------
+
+int64_t GPTConfig::padded_vocab() const {
+  return (vocab_size + kVocabMultiple - 1) / kVocabMultiple * kVocabMultiple;
+}
+
+std::vector<std::string> GPTConfig::names() { return {"gpt-mini", "gpt-small", "gpt2-124m"}; }
+
+GPTConfig GPTConfig::named(const std::string& name) {
+  if (name == "gpt-mini") return GPTConfig{.vocab_size = 256, .context = 128, .n_layer = 4, .n_head = 4, .d_model = 256};
+  if (name == "gpt-small") return GPTConfig{.vocab_size = 256, .context = 256, .n_layer = 8, .n_head = 8, .d_model = 512};
+  if (name == "gpt2-124m")
+    return GPTConfig{.vocab_size = 50257, .context = 1024, .n_layer = 12, .n_head = 12, .d_model = 768};
+  std::string known;
+  for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+  MG_THROW("GPTConfig: unknown configuration '", name, "' (known: ", known, ")");
+}
+
+void GPTConfig::validate() const {
+  MG_CHECK(vocab_size > 0 && context > 0 && n_layer > 0 && n_head > 0 && d_model > 0,
+           "GPTConfig: sizes must be positive, got vocab_size ", vocab_size, ", context ", context, ", n_layer ",
+           n_layer, ", n_head ", n_head, ", d_model ", d_model);
+  MG_CHECK(d_model % n_head == 0, "GPTConfig: d_model ", d_model, " is not divisible by n_head ", n_head);
+  MG_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout must be in [0, 1), got ", dropout);
+}
+
+nlohmann::json GPTConfig::to_json() const {
+  return {{"vocab_size", vocab_size}, {"context", context}, {"n_layer", n_layer},
+          {"n_head", n_head},         {"d_model", d_model}, {"dropout", dropout}};
+}
+
+GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
+  MG_CHECK(j.is_object(), "GPTConfig.from_json: expected a JSON object, got ", j.dump());
+  GPTConfig c;
+  for (const auto& [key, value] : j.items()) {
+    MG_CHECK(key == "dropout" ? value.is_number() : value.is_number_integer(), "GPTConfig.from_json: '", key,
+             "' must be ", key == "dropout" ? "a number" : "an integer", ", got ", value.dump());
+    if (key == "vocab_size") c.vocab_size = value.get<int64_t>();
+    else if (key == "context") c.context = value.get<int64_t>();
+    else if (key == "n_layer") c.n_layer = value.get<int64_t>();
+    else if (key == "n_head") c.n_head = value.get<int64_t>();
+    else if (key == "d_model") c.d_model = value.get<int64_t>();
+    else if (key == "dropout") c.dropout = value.get<double>();
+    else MG_THROW("GPTConfig.from_json: unknown key '", key, "' (known: vocab_size, context, n_layer, n_head, d_model, dropout)");
+  }
+  c.validate();
+  return c;
+}
+
+// ---- layers ----------------------------------------------------------------------------------
+
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, const InitOptions& init)
+    : UnaryModule("CausalSelfAttention"), n_head(cfg.n_head), attn_dropout(cfg.dropout) {
+  c_attn = register_module("c_attn", gpt2_linear(cfg.d_model, 3 * cfg.d_model, kInitStd, init));
+  c_proj = register_module("c_proj", gpt2_linear(cfg.d_model, cfg.d_model, residual_std(cfg), init));
+  resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(cfg.dropout));
+}
+
+void CausalSelfAttention::project_qkv(const Tensor& x, Tensor& q, Tensor& k, Tensor& v) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), HS = C / n_head;
+  Tensor qkv = c_attn->forward(x);  // (B, T, 3C)
+  std::vector<Tensor> parts = split(qkv, C, 2);  // 3 x (B, T, C) views
+  auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, n_head, HS}), 1, 2); };
+  q = heads(parts[0]);  // (B, NH, T, HS)
+  k = heads(parts[1]);
+  v = heads(parts[2]);
+}
+
+Tensor CausalSelfAttention::merge_and_project(const Tensor& y) {
+  const int64_t B = y.size(0), T = y.size(2), C = y.size(1) * y.size(3);
+  Tensor merged = reshape(transpose(y, 1, 2), {B, T, C});  // (B, T, NH, HS) -> (B, T, C)
+  return resid_dropout->forward(c_proj->forward(merged));
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x) {
+  auto scope = forward_scope();
+  MG_CHECK(x.dim() == 3 && x.size(2) == c_attn->in_features, "CausalSelfAttention: expected input (B, T, ",
+           c_attn->in_features, "), got ", x.shape());
+  Tensor q, k, v;
+  project_qkv(x, q, k, v);
+  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true, is_training() ? attn_dropout : 0.0);
+  return merge_and_project(y);  // (B, T, C)
+}
+
+// Note [KV cache]: the keys and values of positions already seen do not change when a token is
+// appended (attention is causal and positions are absolute), so decoding keeps them in
+// preallocated (1, NH, context, HS) tensors and computes only the new position's q, k, v. Each
+// head's rows [pos, pos + T) are one contiguous block of the cache, so they are written with a
+// plain copy_ per head (valid on any device).
+Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& k_cache, const Tensor& v_cache,
+                                           int64_t pos) {
+  auto scope = forward_scope();
+  const int64_t T = x.size(1), context = k_cache.size(2), HS = k_cache.size(3);
+  MG_CHECK(x.size(0) == 1 && pos >= 0 && pos + T <= context && (pos == 0 || T == 1),
+           "CausalSelfAttention.forward_cached: expected a (1, T, C) prefill at pos 0 or one token after it, got ",
+           x.shape(), " at pos ", pos, " with a cache of ", context, " positions");
+  Tensor q, k, v;
+  project_qkv(x, q, k, v);  // (1, NH, T, HS)
+  Tensor kc = contiguous(k), vc = contiguous(v);
+  for (int64_t head = 0; head < n_head; ++head) {
+    copy_(narrow(select(k_cache, 1, head), 1, pos, T), select(kc, 1, head));  // (1, T, HS)
+    copy_(narrow(select(v_cache, 1, head), 1, pos, T), select(vc, 1, head));
+  }
+  Tensor y;
+  if (pos == 0) {
+    y = scaled_dot_product_attention(q, k, v, /*causal=*/true);  // the prompt attends to itself
+  } else {
+    // One query at position pos sees every cached position 0..pos: no mask needed.
+    Tensor keys = narrow(k_cache, 2, 0, pos + 1), values = narrow(v_cache, 2, 0, pos + 1);  // (1, NH, L, HS)
+    Tensor scores = mul(matmul(q, transpose(keys, 2, 3)), 1.0 / std::sqrt(double(HS)));    // (1, NH, 1, L)
+    y = matmul(softmax(scores, -1), values);                                                 // (1, NH, 1, HS)
+  }
+  return merge_and_project(y);
+}
+
+MLP::MLP(const GPTConfig& cfg, const InitOptions& init) : UnaryModule("MLP") {
+  c_fc = register_module("c_fc", gpt2_linear(cfg.d_model, 4 * cfg.d_model, kInitStd, init));
+  c_proj = register_module("c_proj", gpt2_linear(4 * cfg.d_model, cfg.d_model, residual_std(cfg), init));
+  dropout = register_module("dropout", std::make_shared<Dropout>(cfg.dropout));
+}
+
+Tensor MLP::forward(const Tensor& x) {
+  auto scope = forward_scope();
+  return dropout->forward(c_proj->forward(gelu_tanh(c_fc->forward(x))));  // (B, T, 4C) inside
+}
+
+Block::Block(const GPTConfig& cfg, const InitOptions& init) : UnaryModule("Block") {
+  ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, init));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg, init));
+  ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, init));
+  mlp = register_module("mlp", std::make_shared<MLP>(cfg, init));
+}
+
+Tensor Block::forward(const Tensor& x) {
+  auto scope = forward_scope();
+  Tensor h = add(x, attn->forward(ln_1->forward(x)));
+  return add(h, mlp->forward(ln_2->forward(h)));
+}
+
+Tensor Block::forward_cached(const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t pos) {
+  auto scope = forward_scope();
+  Tensor h = add(x, attn->forward_cached(ln_1->forward(x), k_cache, v_cache, pos));
+  return add(h, mlp->forward(ln_2->forward(h)));
+}
+
+// ---- the model -------------------------------------------------------------------------------
+
+GPT::GPT(GPTConfig cfg, InitOptions init) : Module("GPT"), cfg_(cfg) {
+  cfg_.validate();
+  const int64_t V = cfg_.vocab_size, Vp = cfg_.padded_vocab(), C = cfg_.d_model;
+  wte = register_module("wte", std::make_shared<Embedding>(Vp, C, kInitStd, init));  // (Vp, C)
+  wpe = register_module("wpe", std::make_shared<Embedding>(cfg_.context, C, kInitStd, init));  // (context, C)
+  if (Vp > V) {
+    NoGradGuard no_grad;
+    fill_(narrow(wte->weight.detach(), 0, V, Vp - V), 0.0);  // padding rows: never looked up
+  }
+  drop = register_module("drop", std::make_shared<Dropout>(cfg_.dropout));
+  h = register_module("h", std::make_shared<ModuleList>());
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) h->push_back(std::make_shared<Block>(cfg_, init));
+  ln_f = register_module("ln_f", std::make_shared<LayerNorm>(C, 1e-5, true, init));
+}
+
+Tensor GPT::embed(const Tensor& idx, int64_t pos0) {
+  const int64_t T = idx.size(1);
+  Tensor pos = arange(double(pos0), double(pos0 + T), 1.0, {.dtype = DType::i64, .device = idx.device()});  // (T)
+  Tensor x = add(wte->forward(idx), wpe->forward(pos));  // (B, T, C) + (T, C)
+  return drop->forward(x);
+}
+
+Tensor GPT::forward_hidden(const Tensor& idx) {
+  auto scope = forward_scope();
+  MG_CHECK(idx.defined() && idx.dim() == 2 && (idx.dtype() == DType::i64 || idx.dtype() == DType::i32),
+           "GPT: expected token ids (B, T) of dtype i64 or i32, got ",
+           idx.defined() ? shape_str(idx.shape()) : std::string("an undefined tensor"), " ",
+           idx.defined() ? idx.dtype() : DType::i64);
+  MG_CHECK(idx.size(1) >= 1 && idx.size(1) <= cfg_.context, "GPT: sequence length ", idx.size(1),
+           " must be in [1, context = ", cfg_.context, "] (input ", idx.shape(), ")");
+  MG_CHECK(idx.device() == wte->weight.device(), "GPT: token ids are on ", idx.device().str(),
+           " but the model is on ", wte->weight.device().str(), " (move them with mg::to)");
+  Tensor x = embed(idx, 0);
+  for (size_t l = 0; l < h->size(); ++l) x = h->at<Block>(l)->forward(x);
+  return ln_f->forward(x);  // (B, T, C)
+}
+
+// The output projection is tied to wte; only its first V rows are used, so the logits have the
+// real vocabulary's width and the padding rows get no gradient from them.
+static Tensor output_weight(const Embedding& wte, int64_t V) {
+  return wte.num_embeddings == V ? wte.weight : narrow(wte.weight, 0, 0, V);  // (V, C)
+}
+
+Tensor GPT::forward(const Tensor& idx) {
+  Tensor x = forward_hidden(idx);
+  return linear(x, output_weight(*wte, cfg_.vocab_size));  // (B, T, V)
+}
+
+Tensor GPT::last_logits(const Tensor& hidden) {
+  Tensor last = select(hidden, 1, hidden.size(1) - 1);                  // (1, C)
+  return select(linear(last, output_weight(*wte, cfg_.vocab_size)), 0, 0);  // (V)
+}
+
+Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
+  MG_CHECK(targets.defined() && targets.shape() == idx.shape(), "GPT.loss: targets ",
+           targets.defined() ? shape_str(targets.shape()) : std::string("(undefined)"), " must have the shape of idx ",
+           idx.shape());
+  Tensor logits = forward(idx);  // (B, T, V)
+  const int64_t BT = idx.size(0) * idx.size(1);
+  return cross_entropy(reshape(logits, {BT, cfg_.vocab_size}), reshape(targets, {BT}));
+}
+
+}  // namespace mg

@@ -1,0 +1,159 @@
+// MobileNetV2 following torchvision/models/mobilenetv2.py line by line (same block table, channel
+// rounding, names and initialisation), plus the small-input variant for 32x32 images. Parameter
+// count at width 1.0 with 1000 classes: 3,504,872, torchvision's.
+// Shapes: N batch, C channels, H W spatial.
+#include "models/mobilenet_v2.h"
+
+#include <cmath>
+
+#include "models/nn/init.h"
+
+namespace mg {
+namespace {
+
+// (t expand ratio, c channels, n repeats, s stride of the first repeat): the paper's Table 2.
+struct StageSpec {
+  int64_t expand, channels, repeats, stride;
+};
+constexpr StageSpec kStages[] = {{1, 16, 1, 1},  {6, 24, 2, 2},  {6, 32, 3, 2}, {6, 64, 4, 2},
+                                 {6, 96, 3, 1},  {6, 160, 3, 2}, {6, 320, 1, 1}};
+constexpr int64_t kStemChannels = 32, kLastChannels = 1280;
+
+// torchvision's conv init: kaiming_normal_(mode="fan_out", nonlinearity="relu"), where
+// fan_out = Cout * KH * KW (groups do not enter). The Conv2d constructor's own uniform draws come
+// from a scratch generator, so `init`'s stream holds only these.
+std::shared_ptr<Conv2d> kaiming_conv(int64_t in, int64_t out, int64_t kernel, Conv2dParams p, const InitOptions& init) {
+  Generator scratch(0);
+  InitOptions tmp = init;
+  tmp.gen = &scratch;
+  auto conv = std::make_shared<Conv2d>(in, out, kernel, p, /*bias=*/false, tmp);
+  normal_(conv->weight, 0.0, std::sqrt(2.0 / double(out * kernel * kernel)), init.generator());
+  return conv;
+}
+
+}  // namespace
+
+int64_t make_divisible(double v, int64_t divisor) {
+  int64_t rounded = std::max(divisor, int64_t(v + double(divisor) / 2) / divisor * divisor);
+  if (double(rounded) < 0.9 * v) rounded += divisor;  // do not round down by more than 10%
+  return rounded;
+}
+
+// ---- configuration --------------------------------------------------------------------------
+
+std::vector<std::string> MobileNetV2Config::names() { return {"mobilenetv2-32", "mobilenetv2-224"}; }
+
+MobileNetV2Config MobileNetV2Config::named(const std::string& name) {
+  if (name == "mobilenetv2-32") return {.num_classes = 10, .small_input = true, .input_size = 32};
+  if (name == "mobilenetv2-224") return {.num_classes = 1000, .small_input = false, .input_size = 224};
+  std::string known;
+  for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+  MG_THROW("MobileNetV2Config: unknown configuration '", name, "' (known: ", known, ")");
+}
+
+void MobileNetV2Config::validate() const {
+  MG_CHECK(width_mult > 0 && std::isfinite(width_mult), "MobileNetV2Config: width_mult must be positive, got ",
+           width_mult);
+  MG_CHECK(num_classes > 0 && in_channels > 0 && input_size > 0,
+           "MobileNetV2Config: num_classes, in_channels and input_size must be positive, got ", num_classes, ", ",
+           in_channels, ", ", input_size);
+  MG_CHECK(dropout >= 0.0 && dropout < 1.0, "MobileNetV2Config: dropout must be in [0, 1), got ", dropout);
+}
+
+nlohmann::json MobileNetV2Config::to_json() const {
+  return {{"width_mult", width_mult},   {"num_classes", num_classes}, {"in_channels", in_channels},
+          {"small_input", small_input}, {"dropout", dropout},         {"input_size", input_size}};
+}
+
+MobileNetV2Config MobileNetV2Config::from_json(const nlohmann::json& j) {
+  MG_CHECK(j.is_object(), "MobileNetV2Config.from_json: expected a JSON object, got ", j.dump());
+  MobileNetV2Config c;
+  for (const auto& [key, value] : j.items()) {
+    const bool real = key == "width_mult" || key == "dropout", flag = key == "small_input";
+    MG_CHECK(real ? value.is_number() : flag ? value.is_boolean() : value.is_number_integer(),
+             "MobileNetV2Config.from_json: '", key, "' must be ", real ? "a number" : flag ? "a boolean" : "an integer",
+             ", got ", value.dump());
+    if (key == "width_mult") c.width_mult = value.get<double>();
+    else if (key == "num_classes") c.num_classes = value.get<int64_t>();
+    else if (key == "in_channels") c.in_channels = value.get<int64_t>();
+    else if (key == "small_input") c.small_input = value.get<bool>();
+    else if (key == "dropout") c.dropout = value.get<double>();
+    else if (key == "input_size") c.input_size = value.get<int64_t>();
+    else MG_THROW("MobileNetV2Config.from_json: unknown key '", key,
+                  "' (known: width_mult, num_classes, in_channels, small_input, dropout, input_size)");
+  }
+  c.validate();
+  return c;
+}
+
+// ---- layers ----------------------------------------------------------------------------------
+
+std::shared_ptr<Sequential> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups,
+                                          const InitOptions& init) {
+  auto seq = std::make_shared<Sequential>();
+  seq->push_back(kaiming_conv(in, out, kernel, {.stride = stride, .padding = (kernel - 1) / 2, .groups = groups}, init));
+  seq->push_back(std::make_shared<BatchNorm2d>(out, 1e-5, 0.1, init));
+  seq->push_back(std::make_shared<ReLU6>());
+  return seq;
+}
+
+InvertedResidual::InvertedResidual(int64_t in, int64_t out, int64_t stride, int64_t expand_ratio,
+                                   const InitOptions& init)
+    : UnaryModule("InvertedResidual"), use_residual(stride == 1 && in == out) {
+  MG_CHECK(stride == 1 || stride == 2, "InvertedResidual: stride must be 1 or 2, got ", stride);
+  const int64_t hidden = int64_t(std::lround(double(in * expand_ratio)));
+  conv = register_module("conv", std::make_shared<Sequential>());
+  if (expand_ratio != 1) conv->push_back(conv_bn_relu6(in, hidden, 1, 1, 1, init));    // expand (N, hidden, H, W)
+  conv->push_back(conv_bn_relu6(hidden, hidden, 3, stride, hidden, init));             // depthwise
+  conv->push_back(kaiming_conv(hidden, out, 1, {}, init));                             // project, no activation
+  conv->push_back(std::make_shared<BatchNorm2d>(out, 1e-5, 0.1, init));
+}
+
+Tensor InvertedResidual::forward(const Tensor& x) {
+  auto scope = forward_scope();
+  Tensor y = conv->forward(x);
+  return use_residual ? add(x, y) : y;
+}
+
+// ---- the model -------------------------------------------------------------------------------
+
+MobileNetV2::MobileNetV2(MobileNetV2Config cfg, InitOptions init) : Module("MobileNetV2"), cfg_(cfg) {
+  cfg_.validate();
+  int64_t channels = make_divisible(kStemChannels * cfg_.width_mult);
+  const int64_t last = make_divisible(kLastChannels * std::max(1.0, cfg_.width_mult));
+  features = register_module("features", std::make_shared<Sequential>());
+  features->push_back(conv_bn_relu6(cfg_.in_channels, channels, 3, cfg_.small_input ? 1 : 2, 1, init));  // stem
+  bool first_downsample = true;
+  for (const StageSpec& s : kStages) {
+    const int64_t out = make_divisible(double(s.channels) * cfg_.width_mult);
+    int64_t stride = s.stride;
+    if (stride == 2 && first_downsample) {
+      first_downsample = false;
+      if (cfg_.small_input) stride = 1;  // 32x32: keep the resolution through the 24-channel stage
+    }
+    for (int64_t i = 0; i < s.repeats; ++i) {
+      features->push_back(std::make_shared<InvertedResidual>(channels, out, i == 0 ? stride : 1, s.expand, init));
+      channels = out;
+    }
+  }
+  features->push_back(conv_bn_relu6(channels, last, 1, 1, 1, init));  // (N, 1280, H', W')
+
+  classifier = register_module("classifier", std::make_shared<Sequential>());
+  classifier->push_back(std::make_shared<Dropout>(cfg_.dropout));
+  Generator scratch(0);
+  InitOptions tmp = init;
+  tmp.gen = &scratch;
+  auto fc = classifier->push_back(std::make_shared<Linear>(last, cfg_.num_classes, true, tmp));
+  normal_(fc->weight, 0.0, 0.01, init.generator());
+  fill_(fc->bias, 0.0);
+}
+
+Tensor MobileNetV2::forward(const Tensor& x) {
+  auto scope = forward_scope();
+  MG_CHECK(x.defined() && x.dim() == 4 && x.size(1) == cfg_.in_channels, "MobileNetV2: expected input (N, ",
+           cfg_.in_channels, ", H, W), got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  Tensor f = features->forward(x);                  // (N, 1280, H', W')
+  return classifier->forward(global_avg_pool2d(f));  // (N, 1280) -> (N, classes)
+}
+
+}  // namespace mg

@@ -1,0 +1,75 @@
+// MobileNetV2 (Sandler et al. 2018) as torchvision builds it: a stem conv, 17 inverted residual
+// blocks (1x1 expand, 3x3 depthwise, 1x1 linear projection; ReLU6 and BatchNorm), a 1x1 conv to
+// 1280 channels, global average pooling, dropout and a Linear classifier. Module names are
+// torchvision's (features.N.conv.M..., classifier.1), so its weights load by name. The
+// small-input variant (mobilenetv2-32) keeps 32x32 images from shrinking too early.
+// Shapes: N batch, C channels, H W spatial.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "models/nn/nn.h"
+
+namespace mg {
+
+struct MobileNetV2Config {
+  double width_mult = 1.0;   // scales every channel count (rounded by make_divisible to 8)
+  int64_t num_classes = 1000;
+  int64_t in_channels = 3;
+  // For 32x32 inputs: the stem conv and the first stride-2 stage (24 channels) use stride 1, so
+  // the network downsamples 8x instead of 32x.
+  bool small_input = false;
+  double dropout = 0.2;      // before the classifier, as torchvision
+  int64_t input_size = 224;  // the square input resolution the configuration is meant for
+
+  // "mobilenetv2-32" (10 classes, small_input, 32x32) and "mobilenetv2-224" (1000 classes,
+  // 224x224); throws listing the names.
+  static MobileNetV2Config named(const std::string& name);
+  static std::vector<std::string> names();
+  nlohmann::json to_json() const;
+  // Missing keys keep their defaults; an unknown key or an invalid value is an error.
+  static MobileNetV2Config from_json(const nlohmann::json& j);
+  void validate() const;
+};
+
+// torchvision's _make_divisible: v rounded to the nearest multiple of `divisor` (at least
+// divisor), never more than 10% below v.
+int64_t make_divisible(double v, int64_t divisor = 8);
+
+// A Sequential of Conv2d (no bias, padding (k-1)/2), BatchNorm2d and ReLU6: torchvision's
+// Conv2dNormActivation, children "0", "1", "2".
+std::shared_ptr<Sequential> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups,
+                                          const InitOptions& init);
+
+// x: (N, in, H, W) -> (N, out, H/stride, W/stride). child "conv": [expand 1x1 (when
+// expand_ratio != 1)], depthwise 3x3 with the stride, project 1x1 (linear), BatchNorm. The input
+// is added back when stride == 1 and in == out.
+class InvertedResidual : public UnaryModule {
+ public:
+  InvertedResidual(int64_t in, int64_t out, int64_t stride, int64_t expand_ratio, const InitOptions& init);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Sequential> conv;
+  bool use_residual;
+};
+
+class MobileNetV2 : public Module {
+ public:
+  // Initialised as torchvision: conv weights kaiming normal (fan_out, std sqrt(2 / (Cout K K))),
+  // BatchNorm weight 1 / bias 0, classifier weight N(0, 0.01^2) and bias 0. Any device, kMeta too.
+  explicit MobileNetV2(MobileNetV2Config cfg, InitOptions init = {});
+  // x: (N, in_channels, H, W) -> logits (N, num_classes).
+  Tensor forward(const Tensor& x);
+  Tensor operator()(const Tensor& x) { return forward(x); }
+  const MobileNetV2Config& config() const { return cfg_; }
+
+  std::shared_ptr<Sequential> features;    // stem, 17 blocks, final 1x1 conv
+  std::shared_ptr<Sequential> classifier;  // "0" Dropout, "1" Linear
+
+ private:
+  MobileNetV2Config cfg_;
+};
+
+}  // namespace mg

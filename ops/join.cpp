@@ -1,0 +1,99 @@
+// Joining and splitting: cat copies its inputs side by side along one dim into a new tensor;
+// stack is cat of the inputs unsqueezed at the new dim; split returns views made by narrow (no
+// copy). CatBackward saves no tensors, only the inputs' sizes along the dim: its gradients are
+// narrow views of dout.
+#include "ops/op_utils.h"
+#include "ops/ops.h"
+
+namespace mg {
+namespace {
+
+class CatBackward : public Node {
+ public:
+  CatBackward(int64_t dim, std::vector<int64_t> sizes) : dim_(dim), sizes_(std::move(sizes)) {}
+  std::string_view name() const override { return "CatBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    std::vector<Tensor> dxs(sizes_.size());
+    int64_t start = 0;
+    for (size_t i = 0; i < sizes_.size(); ++i) {
+      if (needs_input_grad(i)) dxs[i] = narrow(g[0], dim_, start, sizes_[i]);
+      start += sizes_[i];
+    }
+    return dxs;
+  }
+
+ private:
+  int64_t dim_;
+  std::vector<int64_t> sizes_;  // each input's size along dim_
+};
+
+}  // namespace
+
+// xs: n tensors of equal shape except along dim -> the shape with dim's sizes summed.
+Tensor cat(const std::vector<Tensor>& xs, int64_t dim) {
+  const char* op = "cat";
+  MG_CHECK(!xs.empty(), "cat: needs at least one tensor");
+  for (size_t i = 0; i < xs.size(); ++i) check_defined(op, xs[i], "input");
+  const Tensor& x0 = xs[0];
+  MG_CHECK(x0.dim() > 0, "cat: cannot concatenate 0-d tensors (use stack)");
+  const int64_t d = wrap_dim(dim, x0.dim(), op);
+  Shape shape = x0.shape();
+  shape[size_t(d)] = 0;
+  std::vector<int64_t> sizes;
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const Tensor& x = xs[i];
+    check_same_device(op, x0, x);
+    check_same_dtype(op, x0, x);
+    bool same = x.dim() == x0.dim();
+    for (int64_t k = 0; same && k < x.dim(); ++k) same = k == d || x.size(k) == x0.size(k);
+    MG_CHECK(same, "cat: tensor ", i, " has shape ", shape_str(x.shape()), ", expected ", shape_str(x0.shape()),
+             " except along dimension ", d);
+    sizes.push_back(x.size(d));
+    shape[size_t(d)] += x.size(d);
+  }
+  check_cpu_kernel(op, x0);
+  OpNameGuard name(op);
+  Tensor out = empty(shape, {.dtype = x0.dtype(), .device = x0.device()});
+  if (!skip_kernel(out)) {
+    int64_t start = 0;
+    for (size_t i = 0; i < xs.size(); ++i) {
+      Shape st = out.strides();
+      Shape sz = out.shape();
+      sz[size_t(d)] = sizes[i];
+      if (sizes[i] > 0) copy_(out.as_strided(sz, st, out.storage_offset() + start * st[size_t(d)]), xs[i]);
+      start += sizes[i];
+    }
+  }
+  if (auto node = make_node_if_needed<CatBackward>(xs, d, sizes)) set_history(node, xs, {out});
+  return out;
+}
+
+// xs: n tensors of one shape S -> S with a new dim of size n at `dim`.
+Tensor stack(const std::vector<Tensor>& xs, int64_t dim) {
+  MG_CHECK(!xs.empty(), "stack: needs at least one tensor");
+  for (size_t i = 0; i < xs.size(); ++i) {
+    check_defined("stack", xs[i], "input");
+    MG_CHECK(xs[i].shape() == xs[0].shape(), "stack: tensor ", i, " has shape ", shape_str(xs[i].shape()),
+             ", expected ", shape_str(xs[0].shape()), " (all inputs must have one shape)");
+  }
+  const int64_t d = wrap_dim(dim, xs[0].dim() + 1, "stack");
+  std::vector<Tensor> us;
+  us.reserve(xs.size());
+  for (const Tensor& x : xs) us.push_back(unsqueeze(x, d));
+  return cat(us, d);
+}
+
+// x -> views of split_size along dim (the last one shorter when the size does not divide).
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  check_defined("split", x, "input");
+  MG_CHECK(x.dim() > 0, "split: cannot split a 0-d tensor");
+  MG_CHECK(split_size > 0, "split: split_size must be positive, got ", split_size);
+  const int64_t d = wrap_dim(dim, x.dim(), "split");
+  const int64_t n = x.size(d);
+  std::vector<Tensor> parts;
+  if (n == 0) parts.push_back(narrow(x, d, 0, 0));
+  for (int64_t s = 0; s < n; s += split_size) parts.push_back(narrow(x, d, s, std::min(split_size, n - s)));
+  return parts;
+}
+
+}  // namespace mg

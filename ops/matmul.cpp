@@ -1,0 +1,285 @@
+// Matrix products: matmul (2-D, batched with broadcast batch dims, 1-D operands as in NumPy) and
+// linear (one GEMM over the flattened leading dims; the bias is added in the same pass: the
+// output rows are filled with the bias and the GEMM accumulates onto them with beta = 1). Every
+// product goes through cpu_gemm; f16/bf16 operands are copied to f32 workspace tensors,
+// multiplied in f32 and rounded on store; f64 uses dgemm. Transposed views are passed to the
+// GEMM as transposed operands, never copied.
+//
+// What each backward saves (only what it reads, only when that gradient is needed):
+// MatmulBackward saves a if b needs a gradient (db = a^T dC) and b if a does (da = dC b^T);
+// LinearBackward saves x if weight needs a gradient (dweight = dout^T x) and weight if x does
+// (dx = dout weight); dbias is a column sum of dout and needs nothing saved.
+#include <optional>
+
+#include "ops/cpu_gemm.h"
+#include "ops/cpu_loops.h"
+#include "ops/ops.h"
+
+namespace mg {
+namespace {
+
+// Per-batch GEMMs at most this many multiply-adds run in parallel over batches, each single-threaded
+// (OpenBLAS runs serially inside an OpenMP region); larger ones run one after another, each using
+// every thread. The choice depends only on shapes, so results do not depend on the thread count.
+constexpr int64_t kSmallGemmMacs = int64_t(1) << 21;  // 128^3
+
+// How a (rows, cols) matrix with strides (rs, cs) is handed to a row-major GEMM without a copy:
+// as itself with leading dimension rs, or as the transpose of a stored (cols, rows) matrix with
+// leading dimension cs. nullopt when neither layout fits (no unit stride): the caller copies.
+struct GemmView {
+  Transpose trans;
+  int64_t ld;
+};
+std::optional<GemmView> gemm_view(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
+  const int64_t one = 1;
+  if ((cs == 1 || cols <= 1) && (rows <= 1 || rs >= std::max(cols, one)))
+    return GemmView{Transpose::no, rows <= 1 ? std::max(cols, one) : rs};
+  if ((rs == 1 || rows <= 1) && (cols <= 1 || cs >= std::max(rows, one)))
+    return GemmView{Transpose::yes, cols <= 1 ? std::max(rows, one) : cs};
+  return std::nullopt;
+}
+
+// Strides of t's batch dims (all but the last two) right-aligned to `batch`, 0 where broadcast.
+Shape batch_strides(const Tensor& t, const Shape& batch) {
+  Shape st(batch.size(), 0);
+  size_t tb = size_t(t.dim()) - 2, lead = batch.size() - tb;
+  for (size_t i = 0; i < tb; ++i) st[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
+  return st;
+}
+
+int64_t batch_offset(int64_t i, const Shape& batch, const Shape& st) {
+  int64_t off = 0;
+  for (size_t d = batch.size(); d-- > 0;) {
+    off += (i % batch[d]) * st[d];
+    i /= batch[d];
+  }
+  return off;
+}
+
+// When b is shared by every batch and a's rows are evenly spaced across batches, the batched
+// product is one (nb*N, K) x (K, M) GEMM. Returns the row stride of that flattened a, if any.
+std::optional<int64_t> flat_row_stride(const Shape& batch, const Shape& sa, int64_t N, int64_t K, const GemmView& va) {
+  if (va.trans != Transpose::no) return std::nullopt;
+  int64_t ld = N > 1 ? va.ld : -1;
+  int64_t expected = -1;
+  for (size_t d = batch.size(); d-- > 0;) {
+    if (batch[d] == 1) continue;
+    if (ld < 0) ld = sa[d];  // N == 1: rows are spaced by the innermost batch stride
+    if (expected < 0) expected = N * ld;
+    if (sa[d] != expected) return std::nullopt;
+    expected *= batch[d];
+  }
+  if (ld < std::max<int64_t>(K, 1)) return std::nullopt;
+  return ld;
+}
+
+// out (batch..., N, M), contiguous, dtype C: out = a b + beta * out, where a (..., N, K) and
+// b (..., K, M) have dtype C, any strides, and batch dims that broadcast to out's.
+template <class C>
+void bmm_kernel(const Tensor& out, Tensor a, Tensor b, C beta) {
+  const int64_t N = a.size(-2), K = a.size(-1), M = b.size(-1);
+  C* po = typed_base<C>(out);
+  Shape batch(out.shape().begin(), out.shape().end() - 2);
+  const int64_t nb = numel_of(batch);
+  if (K == 0) {  // an empty sum
+    for (int64_t i = 0; i < out.numel(); ++i) po[i] = beta == C(0) ? C(0) : beta * po[i];
+    return;
+  }
+  std::optional<GemmView> va = gemm_view(N, K, a.stride(-2), a.stride(-1));
+  std::optional<GemmView> vb = gemm_view(K, M, b.stride(-2), b.stride(-1));
+  if (!va || !vb) {
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    if (!va) a = contiguous(a), va = gemm_view(N, K, K, 1);
+    if (!vb) b = contiguous(b), vb = gemm_view(K, M, M, 1);
+  }
+  const C* pa = typed_base<const C>(a);
+  const C* pb = typed_base<const C>(b);
+  Shape sa = batch_strides(a, batch), sb = batch_strides(b, batch);
+  bool b_shared = std::all_of(sb.begin(), sb.end(), [](int64_t s) { return s == 0; });
+  if (nb > 1 && b_shared) {
+    if (auto ld = flat_row_stride(batch, sa, N, K, *va)) {
+      cpu_gemm(Transpose::no, vb->trans, nb * N, M, K, C(1), pa, *ld, pb, vb->ld, beta, po, M);
+      return;
+    }
+  }
+  auto one = [&](int64_t i) {
+    cpu_gemm(va->trans, vb->trans, N, M, K, C(1), pa + batch_offset(i, batch, sa), va->ld,
+             pb + batch_offset(i, batch, sb), vb->ld, beta, po + i * N * M, M);
+  };
+  if (nb > 1 && N * M * K <= kSmallGemmMacs) {
+    parallel_for(0, nb, 1, [&](int64_t s, int64_t e) {
+      for (int64_t i = s; i < e; ++i) one(i);
+    });
+  } else {
+    for (int64_t i = 0; i < nb; ++i) one(i);
+  }
+}
+
+// Every row of the contiguous (rows, M) matrix `out` set to bias (M) (dtype C, any stride).
+template <class C>
+void fill_rows(const Tensor& out, const Tensor& bias) {
+  const int64_t M = bias.numel(), rows = M == 0 ? 0 : out.numel() / M, bs = bias.stride(0);
+  C* po = typed_base<C>(out);
+  const C* pb = typed_base<const C>(bias);
+  parallel_for(0, rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(M, 1)), [&](int64_t s, int64_t e) {
+    for (int64_t r = s; r < e; ++r)
+      for (int64_t j = 0; j < M; ++j) po[r * M + j] = pb[j * bs];
+  });
+}
+
+Tensor f32_copy(const Tensor& t) {  // under the caller's workspace guard
+  Tensor c = empty(t.shape(), {.dtype = DType::f32, .device = t.device()});
+  copy_(c, t);
+  return c;
+}
+
+// out (..., N, M) = a b (+ bias (M) on every row), computed in out's dtype (f32 for f16/bf16).
+// Inputs are detached: nothing here records history.
+void run_product(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in) {
+  Tensor a = a_in.detach(), b = b_in.detach(), bias = bias_in.defined() ? bias_in.detach() : Tensor();
+  if (out.dtype() == DType::f32) {
+    if (bias.defined()) fill_rows<float>(out, bias);
+    return bmm_kernel<float>(out, a, b, bias.defined() ? 1.0f : 0.0f);
+  }
+  if (out.dtype() == DType::f64) {
+    if (bias.defined()) fill_rows<double>(out, bias);
+    return bmm_kernel<double>(out, a, b, bias.defined() ? 1.0 : 0.0);
+  }
+  MemoryCategoryGuard ws(MemoryCategory::workspace);
+  Tensor o32 = empty(out.shape(), {.dtype = DType::f32, .device = out.device()});
+  if (bias.defined()) fill_rows<float>(o32, f32_copy(bias));
+  bmm_kernel<float>(o32, f32_copy(a), f32_copy(b), bias.defined() ? 1.0f : 0.0f);
+  copy_(out, o32);  // rounds to f16 / bf16
+}
+
+void check_operands(const char* op, const Tensor& a, const Tensor& b, const char* an, const char* bn) {
+  check_defined(op, a, an);
+  check_defined(op, b, bn);
+  check_same_device(op, a, b);
+  check_same_dtype(op, a, b);
+  check_floating(op, a);
+  check_cpu_kernel(op, a);
+}
+
+class MatmulBackward : public Node {
+ public:
+  MatmulBackward(Shape a_shape, Shape b_shape) : a_shape_(std::move(a_shape)), b_shape_(std::move(b_shape)) {}
+  std::string_view name() const override { return "MatmulBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    const Tensor& dc = g[0];  // (batch..., N, M)
+    Tensor da, db;
+    if (needs_input_grad(0)) da = sum_to(matmul(dc, transpose(b.unpack(), -1, -2)), a_shape_);
+    if (needs_input_grad(1)) {
+      Tensor av = a.unpack();
+      if (b_shape_.size() == 2 && a_shape_.size() > 2) {
+        // b shared by every batch: one (K, rows) x (rows, M) product, no (batch, K, M) temporary.
+        int64_t K = a_shape_.back(), M = b_shape_.back();
+        db = matmul(transpose(reshape(av, {-1, K}), 0, 1), reshape(dc, {-1, M}));
+      } else {
+        db = sum_to(matmul(transpose(av, -1, -2), dc), b_shape_);
+      }
+    }
+    return {da, db};
+  }
+  SavedTensor a{this}, b{this};
+
+ private:
+  Shape a_shape_, b_shape_;
+};
+
+class LinearBackward : public Node {
+ public:
+  explicit LinearBackward(Shape x_shape) : x_shape_(std::move(x_shape)) {}
+  std::string_view name() const override { return "LinearBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    const int64_t in = x_shape_.back();
+    Tensor g2 = reshape(g[0], {-1, g[0].shape().back()});  // (R, out)
+    Tensor dx, dweight, dbias;
+    if (needs_input_grad(0)) dx = reshape(matmul(g2, weight.unpack()), x_shape_);              // (R, in)
+    if (needs_input_grad(1)) dweight = matmul(transpose(g2, 0, 1), reshape(x.unpack(), {-1, in}));  // (out, in)
+    if (needs_input_grad(2)) dbias = sum(g2, {0});                                             // (out)
+    return {dx, dweight, dbias};
+  }
+  SavedTensor x{this}, weight{this};
+
+ private:
+  Shape x_shape_;
+};
+
+}  // namespace
+
+Tensor matmul(const Tensor& a, const Tensor& b) {
+  const char* op = "matmul";
+  check_operands(op, a, b, "first operand", "second operand");
+  MG_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dimension, got shapes ",
+           shape_str(a.shape()), " and ", shape_str(b.shape()));
+  const int64_t ka = a.size(-1), kb = b.dim() == 1 ? b.size(0) : b.size(-2);
+  MG_CHECK(ka == kb, "matmul: inner dimensions differ: ", shape_str(a.shape()), " vs ", shape_str(b.shape()),
+           " (", ka, " != ", kb, ")");
+  if (a.dim() == 1 || b.dim() == 1) {
+    // NumPy rule: a 1-D a is a row (1, K), a 1-D b a column (K, 1); the added dim is removed again.
+    Tensor out = matmul(a.dim() == 1 ? unsqueeze(a, 0) : a, b.dim() == 1 ? unsqueeze(b, 1) : b);
+    if (b.dim() == 1) out = squeeze(out, -1);
+    if (a.dim() == 1) out = squeeze(out, b.dim() == 1 ? -1 : -2);
+    return out;
+  }
+  Shape ba(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  Shape batch(std::max(ba.size(), bb.size()), 1);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    int64_t x = i < batch.size() - ba.size() ? 1 : ba[i - (batch.size() - ba.size())];
+    int64_t y = i < batch.size() - bb.size() ? 1 : bb[i - (batch.size() - bb.size())];
+    MG_CHECK(x == y || x == 1 || y == 1, "matmul: batch dimensions ", shape_str(ba), " and ", shape_str(bb),
+             " do not broadcast (shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()), ")");
+    batch[i] = x == 1 ? y : x;
+  }
+  OpNameGuard name(op);
+  Shape shape = batch;
+  shape.push_back(a.size(-2));
+  shape.push_back(b.size(-1));
+  Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});  // (batch..., N, M)
+  if (!skip_kernel(out)) run_product(out, a, b, Tensor());
+  if (auto node = make_node_if_needed<MatmulBackward>({a, b}, a.shape(), b.shape())) {
+    if (b.requires_grad()) node->a.save(a);
+    if (a.requires_grad()) node->b.save(b);
+    set_history(node, {a, b}, {out});
+  }
+  return out;
+}
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const char* op = "linear";
+  check_operands(op, x, weight, "input", "weight");
+  check_dim(op, weight, 2, "weight");
+  MG_CHECK(x.dim() >= 1, "linear: the input needs at least 1 dimension, got shape ", shape_str(x.shape()));
+  const int64_t in = weight.size(1), out_features = weight.size(0);
+  MG_CHECK(x.size(-1) == in, "linear: input features ", x.size(-1), " do not match the weight's ", in,
+           " (input ", shape_str(x.shape()), ", weight ", shape_str(weight.shape()), " = (out, in))");
+  if (bias.defined()) {
+    check_same_device(op, x, bias);
+    check_same_dtype(op, x, bias);
+    MG_CHECK(bias.dim() == 1 && bias.size(0) == out_features, "linear: bias must have shape (", out_features,
+             "), got ", shape_str(bias.shape()));
+  }
+  OpNameGuard name(op);
+  Shape shape = x.shape();
+  shape.back() = out_features;
+  Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});  // (..., out)
+  if (!skip_kernel(out)) {
+    const int64_t rows = out.numel() / out_features;
+    Tensor x2;
+    {
+      MemoryCategoryGuard ws(MemoryCategory::workspace);  // only if x's rows cannot be flattened
+      x2 = reshape(x.detach(), {rows, in});              // (R, in)
+    }
+    Tensor out2 = out.as_strided({rows, out_features}, {out_features, 1}, out.storage_offset());  // (R, out)
+    run_product(out2, x2, transpose(weight.detach(), 0, 1), bias);
+  }
+  if (auto node = make_node_if_needed<LinearBackward>({x, weight, bias}, x.shape())) {
+    if (weight.requires_grad()) node->x.save(x);
+    if (x.requires_grad()) node->weight.save(weight);
+    set_history(node, {x, weight, bias}, {out});
+  }
+  return out;
+}
+
+}  // namespace mg
