@@ -14,5 +14,11 @@ namespace mg {
 void add_info_command(CLI::App& app);
 // `memgrad mlp`: train a small MLP on synthetic spirals; loss, accuracy, meta-predicted and real memory.
 void add_mlp_command(CLI::App& app);
+// `memgrad data tokenize|info`: text files and folders into token files (apps/data_command.cpp).
+void add_data_command(CLI::App& app);
+// `memgrad gpt train|sample`: train a GPT into a run directory, continue it, sample from it.
+void add_gpt_command(CLI::App& app);
+// `memgrad vision train|eval`: train MobileNetV2 on Fashion-MNIST or an image folder, evaluate it.
+void add_vision_command(CLI::App& app);
 
 }  // namespace mg

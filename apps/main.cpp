@@ -48,6 +48,9 @@ int main(int argc, char** argv) {
   // Registration order is the order `memgrad --help` lists the subcommands in.
   mg::add_info_command(app);
   mg::add_mlp_command(app);
+  mg::add_data_command(app);
+  mg::add_gpt_command(app);
+  mg::add_vision_command(app);
 
   try {
     // Subcommand callbacks run inside parse(), so their errors land in the handlers below.

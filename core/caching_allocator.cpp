@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "core/allocator.h"
+#include "core/cuda/backend.h"
 #include "core/error.h"
 
 namespace mg {
@@ -377,11 +378,13 @@ void register_backend(DeviceType type, BackendFactory factory) {
 
 bool backend_available(DeviceType type) {
   if (type != DeviceType::cuda) return true;
+  cuda::init_backend();  // Note [Backend registration]: registers itself on first use (no-op without CUDA)
   std::lock_guard<std::mutex> lk(g_registry_mu);
   return g_factories[int(type)] != nullptr;
 }
 
 CachingAllocator& allocator_for(Device d) {
+  if (d.type == DeviceType::cuda) cuda::init_backend();  // before the lock: it calls register_backend
   std::lock_guard<std::mutex> lk(g_registry_mu);
   auto key = std::make_pair(int(d.type), d.index);
   auto it = g_allocators.find(key);

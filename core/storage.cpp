@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "core/cuda/backend.h"
 #include "core/error.h"
 
 namespace mg {
@@ -41,6 +42,7 @@ void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device
     std::memcpy(dst, src, n);
     return;
   }
+  if (g_cuda_copy == nullptr) cuda::init_backend();  // registers the copy (no-op without CUDA)
   MG_CHECK(g_cuda_copy != nullptr, "no CUDA device: cannot copy between ", src_device.str(), " and ",
            dst_device.str(), " in a build without the CUDA backend");
   g_cuda_copy(dst, dst_device, src, src_device, n);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "core/cuda/backend.h"
 #include "core/parallel.h"
 #include "core/strided_loop.h"
 
@@ -281,6 +282,9 @@ Tensor scalar_tensor(double value, const TensorOptions& opt) { return full({}, v
 void fill_(const Tensor& t, double value) {
   t.bump_version();
   if (t.is_meta() || t.numel() == 0) return;
+#ifdef MG_WITH_CUDA
+  if (t.device().is_cuda()) return cuda::fill(t, value);
+#endif
   check_host(t, "fill_");
   MG_DISPATCH_ALL(t.dtype(), "fill_", [&] {
     scalar_t v = convert_scalar<scalar_t, double>(value);
@@ -301,13 +305,28 @@ void copy_(const Tensor& dst, const Tensor& src) {
   MG_CHECK(dst.shape() == src.shape(), "copy_: shapes differ: ", shape_str(dst.shape()), " vs ", shape_str(src.shape()));
   dst.bump_version();
   if (dst.is_meta() || dst.numel() == 0) return;
-  if (dst.device() != src.device() || !dst.device().is_cpu()) {
-    MG_CHECK(dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous(),
-             "copy_: a copy between ", src.device().str(), " and ", dst.device().str(),
-             " needs contiguous tensors of one dtype (got ", src.dtype(), " -> ", dst.dtype(), ")");
-    copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), dst.nbytes());
-    return;
+#ifdef MG_WITH_CUDA
+  if (dst.device() == src.device() && dst.device().is_cuda()) return cuda::copy(dst, src);
+#endif
+  if (dst.device() != src.device()) {
+    MG_CHECK(!src.is_meta(), "copy_: cannot copy from meta to ", dst.device().str(), ": meta tensors have no data");
+    if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
+      copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), dst.nbytes());
+      return;
+    }
+    // Convert and compact on the source device, move the bytes, scatter on the destination.
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    Tensor packed = src;
+    if (!src.is_contiguous() || src.dtype() != dst.dtype()) {
+      packed = empty(src.shape(), {.dtype = dst.dtype(), .device = src.device()});
+      copy_(packed, src);
+    }
+    if (dst.is_contiguous()) return copy_(dst, packed);
+    Tensor landed = empty(dst.shape(), {.dtype = dst.dtype(), .device = dst.device()});
+    copy_(landed, packed);
+    return copy_(dst, landed);
   }
+  MG_CHECK(dst.device().is_cpu(), "copy_: no kernel for ", dst.device().str());
   MG_DISPATCH_ALL(dst.dtype(), "copy_", [&] {
     using D = scalar_t;
     D* d = static_cast<D*>(dst.storage()->data()) + dst.storage_offset();
@@ -343,6 +362,9 @@ void accumulate_(const Tensor& dst, const Tensor& src) {
            " does not match ", shape_str(dst.shape()), " ", dst.dtype(), " on ", dst.device().str());
   dst.bump_version();
   if (dst.is_meta() || dst.numel() == 0) return;
+#ifdef MG_WITH_CUDA
+  if (dst.device().is_cuda()) return cuda::accumulate(dst, src);
+#endif
   check_host(dst, "accumulate_");
   MG_DISPATCH_NUMERIC(dst.dtype(), "accumulate_", [&] {
     scalar_t* d = static_cast<scalar_t*>(dst.storage()->data()) + dst.storage_offset();
@@ -367,9 +389,11 @@ void accumulate_(const Tensor& dst, const Tensor& src) {
 void copy_to_contiguous_bytes(const Tensor& t, void* dst) {
   MG_CHECK(!t.is_meta(), "cannot read the data of a meta tensor");
   if (!t.device().is_cpu()) {
-    MG_CHECK(t.is_contiguous(), "reading a non-contiguous ", t.device().str(), " tensor: make it contiguous first");
-    copy_bytes(dst, kCPU, t.data_ptr(), t.device(), t.nbytes());
-    return;
+    if (t.is_contiguous()) return copy_bytes(dst, kCPU, t.data_ptr(), t.device(), t.nbytes());
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    Tensor packed = empty(t.shape(), {.dtype = t.dtype(), .device = t.device()});  // compacted on the device
+    copy_(packed, t);
+    return copy_bytes(dst, kCPU, packed.data_ptr(), packed.device(), packed.nbytes());
   }
   if (t.is_contiguous()) {
     std::memcpy(dst, t.data_ptr(), t.nbytes());

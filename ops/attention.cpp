@@ -9,6 +9,7 @@
 // gradient is needed, and the attention weights P (B, NH, T, T) before dropout, in the input
 // dtype (for dv = P^T dout and the softmax gradient). The dropout mask is not saved: it is
 // recomputed from (seed, offset), two integers. Without a graph P lives in workspace memory.
+// On cuda:N the same steps run on strided-batched cuBLAS GEMMs (ops/cuda/attention.cu).
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -16,6 +17,7 @@
 #include "core/rng.h"
 #include "ops/cpu_gemm.h"
 #include "ops/cpu_loops.h"
+#include "ops/cuda/launchers.h"
 #include "ops/ops.h"
 
 namespace mg {
@@ -135,6 +137,14 @@ void backward_kernel(const AttnDims& d, const C* q, const C* k, const C* v, cons
 
 DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
+#ifdef MG_WITH_CUDA
+// The same dims for the CUDA kernels (ops/cuda/attention.cu).
+cuda::AttentionDims cuda_dims(const AttnDims& d) {
+  return {.S = d.S, .T = d.T, .HS = d.HS, .causal = d.causal, .scale = d.scale, .p = d.p, .seed = d.seed,
+          .offset = d.offset};
+}
+#endif
+
 // t as a contiguous tensor of dtype c: t itself when it already is one, else a workspace copy.
 Tensor as_compute(const Tensor& t, DType c) {
   if (t.dtype() == c && t.is_contiguous()) return t.detach();
@@ -191,6 +201,10 @@ class AttentionBackward : public Node {
       backward_kernel<C>(d_, ptr_or_null<C>(qc), ptr_or_null<C>(kc), ptr_or_null<C>(vc), pc.data<C>(), gc.data<C>(),
                          buf.data<C>(), ptr_or_null<C>(dqc), ptr_or_null<C>(dkc), ptr_or_null<C>(dvc));
     };
+#ifdef MG_WITH_CUDA
+    if (pv.device().is_cuda()) cuda::attention_backward(cuda_dims(d_), qc, kc, vc, pc, gc, buf, dqc, dkc, dvc);
+    else
+#endif
     if (c == DType::f64) run(0.0);
     else run(0.0f);
     if (dq.defined()) finish(dq, dqc);
@@ -221,7 +235,6 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   MG_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), op, ": q, k and v must have one shape (B, NH, T, HS), got ",
            shape_str(q.shape()), ", ", shape_str(k.shape()), " and ", shape_str(v.shape()));
   MG_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, op, ": dropout_p must be in [0, 1), got ", dropout_p);
-  check_cpu_kernel(op, q);
   OpNameGuard name(op);
   const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
   AttnDims d{.S = B * NH, .T = T, .HS = HS, .causal = causal, .scale = HS > 0 ? 1.0 / std::sqrt(double(HS)) : 1.0};
@@ -250,6 +263,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       using C = decltype(zero);
       forward_kernel<C>(d, qc.data<C>(), kc.data<C>(), vc.data<C>(), pc.data<C>(), ptr_or_null<C>(pd), oc.data<C>());
     };
+#ifdef MG_WITH_CUDA
+    if (q.device().is_cuda()) cuda::attention_forward(cuda_dims(d), qc, kc, vc, pc, pd, oc);
+    else
+#endif
     if (c == DType::f64) run(0.0);
     else run(0.0f);
     finish(att, pc);

@@ -7,12 +7,13 @@
 // What BatchNormBackward saves: x plus mean and rstd (C each), and weight when dx is needed. As in
 // layer_norm, x-hat would be a fresh (N, C, H, W) tensor, while x is the caller's own (at worst C
 // floats more than x-hat + rstd); the (C) statistics are copies, so later in-place updates of the
-// running buffers cannot reach backward.
+// running buffers cannot reach backward. On cuda:N the same steps are ops/cuda/batch_norm.cu.
 #include <algorithm>
 #include <cmath>
 
 #include "autograd/grad_mode.h"
 #include "core/parallel.h"
+#include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -153,6 +154,12 @@ class BatchNormBackward : public Node {
     Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();
     Tensor wv = weight.defined() ? weight.unpack() : Tensor();
     ChannelLayout l = channel_layout(xv);
+#ifdef MG_WITH_CUDA
+    if (dy.device().is_cuda()) {
+      cuda::batch_norm_backward(dx, dw, db, dy, xv, mv, rv, wv, l.N, l.C, l.S, training_);
+      return {dx, dw, db};
+    }
+#endif
     MG_DISPATCH_FLOAT(dy.dtype(), "batch_norm backward", [&] {
       batch_norm_backward_kernel<scalar_t>(dx, dw, db, dy, xv, mv, rv, wv, l, training_);
     });
@@ -195,7 +202,6 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   const char* op = "batch_norm";
   check_defined(op, x, "input");
   check_floating(op, x);
-  check_cpu_kernel(op, x);
   MG_CHECK(x.dim() == 2 || x.dim() == 4, op, ": input must be (N, C, H, W) or (N, C), got shape ", x.shape());
   check_channel_vector(op, weight, x, "weight", true);
   check_channel_vector(op, bias, x, "bias", true);
@@ -227,29 +233,46 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
       MemoryCategoryGuard ws(MemoryCategory::workspace);
       stats = empty({2, l.C}, {.dtype = DType::f64, .device = x.device()});
     }
-    double *bm = stats.data<double>(), *bv = bm + l.C;
-    if (training) {
-      MG_DISPATCH_FLOAT(x.dtype(), op, [&] { channel_stats<scalar_t>(bm, bv, xc, l); });
-    } else {
-      Tensor s = stats.detach();
-      copy_(select(s, 0, 0), running_mean.detach());
-      copy_(select(s, 0, 1), running_var.detach());
+#ifdef MG_WITH_CUDA
+    if (x.device().is_cuda()) {
+      if (training) {
+        cuda::batch_norm_stats(stats, xc, l.N, l.C, l.S);
+      } else {
+        Tensor s = stats.detach();
+        copy_(select(s, 0, 0), running_mean.detach());
+        copy_(select(s, 0, 1), running_var.detach());
+      }
+      const double unbias = update ? double(l.count()) / double(l.count() - 1) : 1.0;
+      cuda::batch_norm_finish_stats(mean, rstd, stats, eps, update ? running_mean : Tensor(),
+                                    update ? running_var : Tensor(), momentum, unbias);
+      cuda::batch_norm_normalize(y, xc, mean, rstd, weight, bias, l.N, l.C, l.S);
+    } else
+#endif
+    {
+      double *bm = stats.data<double>(), *bv = bm + l.C;
+      if (training) {
+        MG_DISPATCH_FLOAT(x.dtype(), op, [&] { channel_stats<scalar_t>(bm, bv, xc, l); });
+      } else {
+        Tensor s = stats.detach();
+        copy_(select(s, 0, 0), running_mean.detach());
+        copy_(select(s, 0, 1), running_var.detach());
+      }
+      auto store_stats = [&](auto* pm, auto* pr) {
+        using S = std::remove_pointer_t<decltype(pm)>;
+        for (int64_t c = 0; c < l.C; ++c) pm[c] = S(bm[c]), pr[c] = S(1.0 / std::sqrt(bv[c] + eps));
+      };
+      if (sd == DType::f64) store_stats(mean.data<double>(), rstd.data<double>());
+      else store_stats(mean.data<float>(), rstd.data<float>());
+      if (update) {
+        NoGradGuard no_grad;  // a buffer update, never part of the graph
+        double unbias = double(l.count()) / double(l.count() - 1);
+        for (int64_t c = 0; c < l.C; ++c) bv[c] *= unbias;
+        update_running(running_mean, bm, momentum);
+        update_running(running_var, bv, momentum);
+      }
+      if (x.numel() > 0)
+        MG_DISPATCH_FLOAT(x.dtype(), op, [&] { normalize_kernel<scalar_t>(y, xc, mean, rstd, weight, bias, l); });
     }
-    auto store_stats = [&](auto* pm, auto* pr) {
-      using S = std::remove_pointer_t<decltype(pm)>;
-      for (int64_t c = 0; c < l.C; ++c) pm[c] = S(bm[c]), pr[c] = S(1.0 / std::sqrt(bv[c] + eps));
-    };
-    if (sd == DType::f64) store_stats(mean.data<double>(), rstd.data<double>());
-    else store_stats(mean.data<float>(), rstd.data<float>());
-    if (update) {
-      NoGradGuard no_grad;  // a buffer update, never part of the graph
-      double unbias = double(l.count()) / double(l.count() - 1);
-      for (int64_t c = 0; c < l.C; ++c) bv[c] *= unbias;
-      update_running(running_mean, bm, momentum);
-      update_running(running_var, bv, momentum);
-    }
-    if (x.numel() > 0)
-      MG_DISPATCH_FLOAT(x.dtype(), op, [&] { normalize_kernel<scalar_t>(y, xc, mean, rstd, weight, bias, l); });
   }
   if (update) {
     running_mean.bump_version();

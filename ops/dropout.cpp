@@ -6,6 +6,7 @@
 // no tensor at all, only two integers (seed, offset) and p.
 #include "core/rng.h"
 #include "ops/cpu_loops.h"
+#include "ops/cuda/launchers.h"
 #include "ops/ops.h"
 
 namespace mg {
@@ -54,6 +55,12 @@ Tensor apply_mask(const Tensor& x, uint64_t seed, uint64_t offset, double p) {
     MemoryCategoryGuard ws(MemoryCategory::workspace);  // a copy only for a strided x
     xc = contiguous(x.detach());
   }
+#ifdef MG_WITH_CUDA
+  if (x.device().is_cuda()) {
+    cuda::dropout(out, xc, seed, offset, p);  // the same mask (ops/cuda/dropout.cu)
+    return out;
+  }
+#endif
   MG_DISPATCH_FLOAT(x.dtype(), "dropout", [&] { dropout_kernel<scalar_t>(out, xc, seed, offset, p); });
   return out;
 }
@@ -77,7 +84,6 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator* gen) {
   check_floating(op, x);
   MG_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got ", p);
   if (!training || p == 0.0) return x;
-  check_cpu_kernel(op, x);
   OpNameGuard name(op);
   Generator& g = gen ? *gen : default_generator();
   const uint64_t seed = g.seed();

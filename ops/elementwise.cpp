@@ -1,6 +1,7 @@
 // Element-wise ops: unary math, broadcasting binary arithmetic and their scalar forms,
 // comparisons, where and masked_fill. The math is the shared functors of
-// ops/kernels/elementwise_functors.h; the CPU loops are cpu_loops.h.
+// ops/kernels/elementwise_functors.h; the CPU loops are cpu_loops.h, the CUDA kernels
+// ops/cuda/elementwise_*.cu (the op code of each functor is in ops/cuda/op_codes.h).
 //
 // What each backward saves (only what it reads, and only if the gradient is needed):
 // exp, sqrt, rsqrt, tanh, sigmoid, relu save their output; log, abs, relu6, gelu, silu their
@@ -8,6 +9,7 @@
 #include <cmath>
 
 #include "ops/cpu_loops.h"
+#include "ops/cuda/op_codes.h"
 #include "ops/kernels/elementwise_functors.h"
 #include "ops/ops.h"
 
@@ -28,9 +30,16 @@ enum class DTypeSet { floating, numeric };
 template <class F>
 Tensor map_unary(const char* op, const Tensor& x, F f, DTypeSet set = DTypeSet::floating) {
   check_defined(op, x, "input");
-  check_cpu_kernel(op, x);
   OpNameGuard name(op);
   Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+#ifdef MG_WITH_CUDA
+  if (x.device().is_cuda()) {
+    if (set == DTypeSet::floating) check_floating(op, x);
+    if constexpr (cuda::CudaOpCode<F>::known) cuda::unary(cuda::CudaOpCode<F>::code, out, x);
+    else MG_THROW(op, ": internal: this functor has no CUDA kernel");
+    return out;
+  }
+#endif
   if (set == DTypeSet::floating) {
     check_floating(op, x);
     MG_DISPATCH_FLOAT(x.dtype(), op, [&] { cpu_map1<scalar_t, scalar_t>(out, x, f); });
@@ -45,6 +54,12 @@ template <class O, class F>
 Tensor map_binary_as(const char* op, const Tensor& a, const Tensor& b, F f, DType out_dtype) {
   Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
   Tensor out = empty(shape, {.dtype = out_dtype, .device = a.device()});
+#ifdef MG_WITH_CUDA
+  if (a.device().is_cuda()) {
+    cuda::compare(cuda::CudaOpCode<F>::code, out, a, b);
+    return out;
+  }
+#endif
   MG_DISPATCH_NUMERIC(a.dtype(), op, [&] { cpu_map2<O, scalar_t, scalar_t>(out, a, b, f); });
   return out;
 }
@@ -54,7 +69,6 @@ void check_binary(const char* op, const Tensor& a, const Tensor& b) {
   check_defined(op, b, "second input");
   check_same_device(op, a, b);
   check_same_dtype(op, a, b);
-  check_cpu_kernel(op, a);
 }
 
 template <class F>
@@ -63,6 +77,14 @@ Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f, DTypeSe
   if (set == DTypeSet::floating) check_floating(op, a);
   OpNameGuard name(op);
   Tensor out;
+#ifdef MG_WITH_CUDA
+  if (a.device().is_cuda()) {
+    out = empty(broadcast_shapes(a.shape(), b.shape(), op), {.dtype = a.dtype(), .device = a.device()});
+    if constexpr (cuda::CudaOpCode<F>::known) cuda::binary(cuda::CudaOpCode<F>::code, out, a, b);
+    else MG_THROW(op, ": internal: this functor has no CUDA kernel");
+    return out;
+  }
+#endif
   MG_DISPATCH_NUMERIC(a.dtype(), op, [&] {
     Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
     out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
@@ -219,10 +241,19 @@ class PowScalarBackward : public Node {
   double e_;
 };
 
+// `code` names the same function for the CUDA kernel (binary_scalar in ops/cuda/launchers.h).
 template <class F>
-Tensor scalar_op(const char* op, const Tensor& x, double s, F f, DTypeSet set) {
+Tensor scalar_op(const char* op, const Tensor& x, double s, F f, DTypeSet set, cuda::BinaryOp code) {
   check_defined(op, x, "input");
   if (set == DTypeSet::floating) check_floating(op, x);
+#ifdef MG_WITH_CUDA
+  if (x.device().is_cuda()) {
+    OpNameGuard name(op);
+    Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
+    cuda::binary_scalar(code, out, x, s);
+    return out;
+  }
+#endif
   return map_unary(op, x, [f, s](auto v) { return f(v, decltype(v)(s)); }, DTypeSet::numeric);
 }
 
@@ -241,9 +272,14 @@ Tensor compare(const char* op, const Tensor& a, const Tensor& b, F f) {
 template <class F>
 Tensor compare_scalar(const char* op, const Tensor& a, double s, F f) {
   check_defined(op, a, "input");
-  check_cpu_kernel(op, a);
   OpNameGuard name(op);
   Tensor out = empty(a.shape(), {.dtype = DType::b8, .device = a.device()});
+#ifdef MG_WITH_CUDA
+  if (a.device().is_cuda()) {
+    cuda::compare_scalar(cuda::CudaOpCode<F>::code, out, a, s);
+    return out;
+  }
+#endif
   MG_DISPATCH_NUMERIC(a.dtype(), op, [&] {
     cpu_map1<bool, scalar_t>(out, a, [f, s](auto v) { return f(double(v), s); });
   });
@@ -348,18 +384,24 @@ Tensor minimum(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-Tensor add(const Tensor& a, double b) { return scaled("add", "AddBackward", a, scalar_op("add", a, b, fn::Add{}, DTypeSet::numeric), 1.0); }
-Tensor sub(const Tensor& a, double b) { return scaled("sub", "SubBackward", a, scalar_op("sub", a, b, fn::Sub{}, DTypeSet::numeric), 1.0); }
-Tensor mul(const Tensor& a, double b) { return scaled("mul", "MulBackward", a, scalar_op("mul", a, b, fn::Mul{}, DTypeSet::numeric), b); }
+Tensor add(const Tensor& a, double b) {
+  return scaled("add", "AddBackward", a, scalar_op("add", a, b, fn::Add{}, DTypeSet::numeric, cuda::BinaryOp::add), 1.0);
+}
+Tensor sub(const Tensor& a, double b) {
+  return scaled("sub", "SubBackward", a, scalar_op("sub", a, b, fn::Sub{}, DTypeSet::numeric, cuda::BinaryOp::sub), 1.0);
+}
+Tensor mul(const Tensor& a, double b) {
+  return scaled("mul", "MulBackward", a, scalar_op("mul", a, b, fn::Mul{}, DTypeSet::numeric, cuda::BinaryOp::mul), b);
+}
 Tensor div(const Tensor& a, double b) {
-  return scaled("div", "DivBackward", a, scalar_op("div", a, b, fn::Div{}, DTypeSet::floating), 1.0 / b);
+  return scaled("div", "DivBackward", a, scalar_op("div", a, b, fn::Div{}, DTypeSet::floating, cuda::BinaryOp::div), 1.0 / b);
 }
 Tensor rsub(double a, const Tensor& b) {
-  Tensor out = scalar_op("rsub", b, a, [](auto x, auto s) { return s - x; }, DTypeSet::numeric);
+  Tensor out = scalar_op("rsub", b, a, [](auto x, auto s) { return s - x; }, DTypeSet::numeric, cuda::BinaryOp::rsub);
   return scaled("rsub", "RsubBackward", b, out, -1.0);
 }
 Tensor rdiv(double a, const Tensor& b) {
-  Tensor out = scalar_op("rdiv", b, a, [](auto x, auto s) { return s / x; }, DTypeSet::floating);
+  Tensor out = scalar_op("rdiv", b, a, [](auto x, auto s) { return s / x; }, DTypeSet::floating, cuda::BinaryOp::rdiv);
   if (auto node = make_node_if_needed<RdivBackward>({b})) {
     node->x.save(b);
     node->out.save(out);
@@ -368,7 +410,8 @@ Tensor rdiv(double a, const Tensor& b) {
   return out;
 }
 Tensor pow(const Tensor& a, double e) {
-  Tensor out = scalar_op("pow", a, e, [](auto x, auto s) { return decltype(x)(std::pow(x, s)); }, DTypeSet::floating);
+  Tensor out = scalar_op("pow", a, e, [](auto x, auto s) { return decltype(x)(std::pow(x, s)); }, DTypeSet::floating,
+                         cuda::BinaryOp::pow);
   if (auto node = make_node_if_needed<PowScalarBackward>({a}, e)) {
     node->x.save(a);
     set_history(node, {a}, {out});
@@ -414,6 +457,10 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   OpNameGuard name(op);
   Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), op), b.shape(), op);
   Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
+#ifdef MG_WITH_CUDA
+  if (a.device().is_cuda()) cuda::where(out, cond, a, b);
+  else
+#endif
   MG_DISPATCH_ALL(a.dtype(), op, [&] {
     cpu_map3<scalar_t, bool, scalar_t, scalar_t>(out, cond, a, b, [](bool c, auto x, auto y) { return c ? x : y; });
   });

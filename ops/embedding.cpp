@@ -4,7 +4,9 @@
 // summed in parallel, each row by one thread in the original order of its positions. No two
 // threads ever add into one row, so the bits do not depend on the thread count.
 // EmbeddingBackward saves only the indices (and V); it never reads the weight.
+// On cuda:N (ops/cuda/embedding.cu) a stable radix sort gives the same per-row order.
 #include "ops/cpu_loops.h"
+#include "ops/cuda/launchers.h"
 #include "ops/ops.h"
 
 namespace mg {
@@ -82,6 +84,12 @@ class EmbeddingBackward : public Node {
     Tensor gc = contiguous_workspace(g[0]);  // (n, C)
     Tensor dweight = empty({V_, C}, {.dtype = g[0].dtype(), .device = g[0].device()});  // (V, C)
     if (skip_kernel(dweight)) return {dweight, Tensor()};
+#ifdef MG_WITH_CUDA
+    if (dweight.device().is_cuda()) {
+      cuda::embedding_backward(dweight, gc, idx);
+      return {dweight, Tensor()};
+    }
+#endif
     const bool wide = dweight.dtype() == DType::f32 || dweight.dtype() == DType::f64;
     Tensor acc = dweight;  // f16/bf16 sum in an f32 workspace and round once at the end
     if (!wide) {
@@ -116,7 +124,6 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   check_dim(op, weight, 2, "weight (V, C)");
   MG_CHECK(indices.dtype() == DType::i64 || indices.dtype() == DType::i32, "embedding: indices must be i64 or i32, got ",
            indices.dtype());
-  check_cpu_kernel(op, weight);
   OpNameGuard name(op);
   const int64_t V = weight.size(0), C = weight.size(1);
   Shape shape = indices.shape();
@@ -124,6 +131,12 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor out = empty(shape, {.dtype = weight.dtype(), .device = weight.device()});  // (..., C)
   if (!indices.is_meta()) {
     Tensor idx = contiguous_workspace(indices);
+#ifdef MG_WITH_CUDA
+    if (idx.device().is_cuda()) {
+      cuda::check_indices(idx, V, weight);
+      if (!skip_kernel(out)) cuda::embedding_forward(out, weight, idx);
+    } else
+#endif
     MG_DISPATCH_INDEX(idx.dtype(), op, [&] {
       const scalar_t* pi = idx.data<scalar_t>();
       check_range(pi, idx.numel(), V, weight);

@@ -6,11 +6,13 @@
 // x + mean + rstd is the caller's tensor plus 2M floats: at worst M floats more (when nothing
 // else keeps x alive), and M * C less whenever x is live anyway (saved by another op, an input).
 // llm.c makes the same choice. Weight is saved when dx is needed (dx reads it).
-// dweight/dbias are summed over fixed blocks of rows, the block partials added in order.
+// dweight/dbias are summed over fixed blocks of rows, the block partials added in order (on
+// cuda:N too: ops/cuda/layer_norm.cu follows the same blocks).
 #include <algorithm>
 #include <cmath>
 
 #include "core/parallel.h"
+#include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -144,6 +146,12 @@ class LayerNormBackward : public Node {
     }
     Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();
     Tensor wv = weight.defined() ? weight.unpack() : Tensor();
+#ifdef MG_WITH_CUDA
+    if (dy.device().is_cuda()) {
+      cuda::layer_norm_backward(dx, dw, db, dy, xv, mv, rv, wv);
+      return {dx, dw, db};
+    }
+#endif
     MG_DISPATCH_FLOAT(dy.dtype(), "layer_norm backward",
                       [&] { layer_norm_backward_kernel<scalar_t>(dx, dw, db, dy, xv, mv, rv, wv); });
     return {dx, dw, db};
@@ -168,7 +176,6 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   const char* op = "layer_norm";
   check_defined(op, x, "input");
   check_floating(op, x);
-  check_cpu_kernel(op, x);
   MG_CHECK(x.dim() >= 1 && x.size(-1) > 0, op, ": input must be (..., C) with C > 0, got shape ", x.shape());
   check_param(op, weight, x, "weight");
   check_param(op, bias, x, "bias");
@@ -187,6 +194,10 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   }
   if (!skip_kernel(y)) {
     Tensor xc = contiguous_scratch(x);
+#ifdef MG_WITH_CUDA
+    if (x.device().is_cuda()) cuda::layer_norm_forward(y, mean, rstd, xc, weight, bias, eps);
+    else
+#endif
     MG_DISPATCH_FLOAT(x.dtype(), op, [&] { layer_norm_kernel<scalar_t>(y, mean, rstd, xc, weight, bias, eps); });
   }
   if (auto node = make_node_if_needed<LayerNormBackward>({x, weight, bias})) {

@@ -6,11 +6,14 @@
 // caller's own tensor, no copy), the targets (N) and lse (N, f32; f64 for f64 logits): the only
 // new memory is N floats, against N * C for a log_softmax + nll composition.
 // What MseLossBackward saves: input and target (the caller's tensors, nothing new).
+// On cuda:N (ops/cuda/loss.cu, reduce.cu) the targets are checked on the device, the loss is
+// written there and the backward reads dloss there: no host round trip besides the count.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "core/parallel.h"
+#include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -105,6 +108,12 @@ class CrossEntropyBackward : public Node {
     Tensor xv = logits.unpack(), tv = target.unpack(), lv = lse.unpack();
     Tensor dx = empty(xv.shape(), {.dtype = xv.dtype(), .device = xv.device()});  // (N, C)
     if (!skip_kernel(dx)) {
+#ifdef MG_WITH_CUDA
+      if (xv.device().is_cuda()) {
+        cuda::cross_entropy_backward(dx, xv, tv, lv, g[0], ignore_index_, count_);
+        return {dx};
+      }
+#endif
       // count_ == 0 (every target ignored): the loss was the constant 0, so the gradient is 0.
       double scale = count_ == 0 ? 0.0 : g[0].item_double() / double(count_);
       MG_DISPATCH_FLOAT(xv.dtype(), "cross_entropy backward", [&] {
@@ -184,7 +193,6 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   check_defined(op, logits, "logits");
   check_defined(op, target, "target");
   check_same_device(op, logits, target);
-  check_cpu_kernel(op, logits);
   check_floating(op, logits);
   MG_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, op,
            ": target must hold class indices (i64 or i32), got ", target.dtype());
@@ -195,10 +203,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   OpNameGuard name(op);
   int64_t N = logits.size(0), C = logits.size(1);
   int64_t count = 0;
+#ifdef MG_WITH_CUDA
+  if (logits.device().is_cuda()) count = cuda::cross_entropy_count(target, C, ignore_index);
+  else
+#endif
   if (!logits.is_meta())
     count = MG_DISPATCH_INDEX(target.dtype(), op, [&] { return count_targets<scalar_t>(target, C, ignore_index); });
   Tensor loss = empty({}, {.dtype = logits.dtype(), .device = logits.device()});                    // ()
   Tensor lse = empty({N}, {.dtype = stat_dtype(logits.dtype()), .device = logits.device()});        // (N)
+#ifdef MG_WITH_CUDA
+  if (logits.device().is_cuda()) cuda::cross_entropy_forward(loss, lse, logits, target, ignore_index, count);
+  else
+#endif
   if (!loss.is_meta()) {
     double total = 0;
     if (N > 0) {
@@ -229,15 +245,21 @@ Tensor mse_loss(const Tensor& input, const Tensor& target) {
   check_same_device(op, input, target);
   check_same_dtype(op, input, target);
   check_floating(op, input);
-  check_cpu_kernel(op, input);
   MG_CHECK(input.shape() == target.shape(), op, ": input and target shapes differ, ", input.shape(), " vs ",
            target.shape());
   OpNameGuard name(op);
   Tensor loss = empty({}, {.dtype = input.dtype(), .device = input.device()});  // ()
   if (!loss.is_meta()) {
     Tensor a = contiguous_scratch(input), b = contiguous_scratch(target);
-    double total = MG_DISPATCH_FLOAT(input.dtype(), op, [&] { return squared_error_sum<scalar_t>(a, b); });
-    fill_(loss, total / double(input.numel()));  // an empty input gives NaN, as a mean of nothing
+#ifdef MG_WITH_CUDA
+    if (input.device().is_cuda()) {
+      cuda::mse_loss(loss, a, b);
+    } else
+#endif
+    {
+      double total = MG_DISPATCH_FLOAT(input.dtype(), op, [&] { return squared_error_sum<scalar_t>(a, b); });
+      fill_(loss, total / double(input.numel()));  // an empty input gives NaN, as a mean of nothing
+    }
   }
   if (auto node = make_node_if_needed<MseLossBackward>({input, target})) {
     node->input.save(input);

@@ -8,12 +8,14 @@
 // quarter of the input's bytes), no recomputation, and it does not keep the input alive for
 // backward. Indices are made only when a gradient is needed. AvgPool2dBackward and
 // GlobalAvgPool2dBackward save nothing (the gradient is dout spread evenly over each window).
+// On cuda:N the same loops run one thread per element (ops/cuda/pool.cu).
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
 #include "core/parallel.h"
+#include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -32,7 +34,6 @@ int64_t plane_grain(const PoolGeom& g) { return std::max<int64_t>(1, 16384 / std
 PoolGeom check_pool(const char* op, const Tensor& x, const Pool2dParams& prm) {
   check_defined(op, x, "input");
   check_floating(op, x);
-  check_cpu_kernel(op, x);
   check_dim(op, x, 4, "input (N, C, H, W)");
   const int64_t k = prm.kernel, s = prm.stride == 0 ? prm.kernel : prm.stride, p = prm.padding;
   MG_CHECK(k >= 1 && s >= 1 && p >= 0, op, ": invalid parameters kernel ", prm.kernel, ", stride ", prm.stride,
@@ -52,6 +53,10 @@ Tensor dense(const Tensor& t) {
   MemoryCategoryGuard cat(MemoryCategory::workspace);
   return contiguous(t.detach());
 }
+
+#ifdef MG_WITH_CUDA
+cuda::Pool2dGeom cuda_geom(const PoolGeom& g) { return {g.N, g.C, g.H, g.W, g.k, g.s, g.p, g.OH, g.OW}; }
+#endif
 
 // Max over each window (padding never wins); idx (if not null) gets the winner's h*W + w.
 // NaN wins (the first NaN of the window), as in PyTorch.
@@ -157,6 +162,12 @@ class MaxPool2dBackward : public Node {
     Tensor dout = dense(grads[0]);  // (N, C, OH, OW)
     Tensor idx = indices.unpack();  // (N, C, OH, OW) i32
     Tensor dx = empty(x_shape_, {.dtype = dout.dtype(), .device = dout.device()});
+#ifdef MG_WITH_CUDA
+    if (dx.device().is_cuda()) {
+      cuda::max_pool2d_backward(cuda_geom(g_), dout, idx, dx);
+      return {dx};
+    }
+#endif
     if (!skip_kernel(dx))
       MG_DISPATCH_FLOAT(dout.dtype(), "max_pool2d_backward",
                         [&] { max_pool_backward(g_, dout.data<scalar_t>(), idx.data<int32_t>(), dx.data<scalar_t>()); });
@@ -177,6 +188,12 @@ class AvgPool2dBackward : public Node {
     OpNameGuard op("avg_pool2d_backward");
     Tensor dout = dense(grads[0]);
     Tensor dx = empty(x_shape_, {.dtype = dout.dtype(), .device = dout.device()});
+#ifdef MG_WITH_CUDA
+    if (dx.device().is_cuda()) {
+      cuda::avg_pool2d_backward(cuda_geom(g_), dout, dx);
+      return {dx};
+    }
+#endif
     if (!skip_kernel(dx))
       MG_DISPATCH_FLOAT(dout.dtype(), "avg_pool2d_backward",
                         [&] { avg_pool_backward(g_, dout.data<scalar_t>(), dx.data<scalar_t>()); });
@@ -196,6 +213,12 @@ class GlobalAvgPool2dBackward : public Node {
     OpNameGuard op("global_avg_pool2d_backward");
     Tensor dout = dense(grads[0]);  // (N, C)
     Tensor dx = empty(x_shape_, {.dtype = dout.dtype(), .device = dout.device()});
+#ifdef MG_WITH_CUDA
+    if (dx.device().is_cuda()) {
+      cuda::global_avg_pool2d_backward(dout, dx);
+      return {dx};
+    }
+#endif
     if (!skip_kernel(dx)) {
       const int64_t hw = x_shape_[2] * x_shape_[3];
       MG_DISPATCH_FLOAT(dout.dtype(), "global_avg_pool2d_backward", [&] {
@@ -227,6 +250,10 @@ Tensor max_pool2d(const Tensor& x, Pool2dParams prm) {
   Tensor out = empty({g.N, g.C, g.OH, g.OW}, {.dtype = x.dtype(), .device = x.device()});
   Tensor idx = need_grad ? empty(out.shape(), {.dtype = DType::i32, .device = x.device()}) : Tensor();
   Tensor xc = dense(x);
+#ifdef MG_WITH_CUDA
+  if (x.device().is_cuda()) cuda::max_pool2d_forward(cuda_geom(g), xc, out, idx);
+  else
+#endif
   if (!skip_kernel(out))
     MG_DISPATCH_FLOAT(x.dtype(), op, [&] {
       max_pool_forward(g, xc.data<scalar_t>(), out.data<scalar_t>(), need_grad ? idx.data<int32_t>() : nullptr);
@@ -245,6 +272,10 @@ Tensor avg_pool2d(const Tensor& x, Pool2dParams prm) {
   OpNameGuard name(op);
   Tensor out = empty({g.N, g.C, g.OH, g.OW}, {.dtype = x.dtype(), .device = x.device()});
   Tensor xc = dense(x);
+#ifdef MG_WITH_CUDA
+  if (x.device().is_cuda()) cuda::avg_pool2d_forward(cuda_geom(g), xc, out);
+  else
+#endif
   if (!skip_kernel(out))
     MG_DISPATCH_FLOAT(x.dtype(), op, [&] { avg_pool_forward(g, xc.data<scalar_t>(), out.data<scalar_t>()); });
   if (auto node = make_node_if_needed<AvgPool2dBackward>({x}, g, x.shape())) set_history(node, {x}, {out});
@@ -256,12 +287,15 @@ Tensor global_avg_pool2d(const Tensor& x) {
   const char* op = "global_avg_pool2d";
   check_defined(op, x, "input");
   check_floating(op, x);
-  check_cpu_kernel(op, x);
   check_dim(op, x, 4, "input (N, C, H, W)");
   MG_CHECK(x.size(2) * x.size(3) > 0, op, ": input ", x.shape(), " has empty planes");
   OpNameGuard name(op);
   Tensor out = empty({x.size(0), x.size(1)}, {.dtype = x.dtype(), .device = x.device()});
   Tensor xc = dense(x);
+#ifdef MG_WITH_CUDA
+  if (x.device().is_cuda()) cuda::global_avg_pool2d_forward(xc, out);
+  else
+#endif
   if (!skip_kernel(out)) {
     const int64_t hw = x.size(2) * x.size(3);
     MG_DISPATCH_FLOAT(x.dtype(), op, [&] {

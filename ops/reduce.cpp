@@ -5,11 +5,13 @@
 // single value is split into chunks whose boundaries depend only on the shape, and the chunk
 // partials are added in order, so the result has the same bits on 1 or 16 threads.
 // SumBackward saves nothing (only the input shape); AmaxBackward saves input and output.
+// On cuda:N the kernels are ops/cuda/reduce.cu (same results up to the order of float adds).
 #include <algorithm>
 #include <limits>
 
 #include "core/parallel.h"
 #include "core/strided_loop.h"
+#include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -178,7 +180,6 @@ void amax_kernel(const Tensor& values, const Tensor& indices, const Tensor& x, i
 
 Tensor amax_impl(const char* op, const Tensor& x, int64_t dim, bool keepdim, bool want_index) {
   check_defined(op, x, "input");
-  check_cpu_kernel(op, x);
   OpNameGuard name(op);
   int64_t d = wrap_dim(dim, x.dim(), op);
   if (x.dim() == 0) return want_index ? zeros({}, {.dtype = DType::i64, .device = x.device()}) : x;
@@ -188,6 +189,12 @@ Tensor amax_impl(const char* op, const Tensor& x, int64_t dim, bool keepdim, boo
   Shape shape = reduced_shape(x, mask, keepdim);
   Tensor out = empty(shape, {.dtype = want_index ? DType::i64 : x.dtype(), .device = x.device()});
   if (!skip_kernel(out)) {
+#ifdef MG_WITH_CUDA
+    if (x.device().is_cuda()) {
+      if (want_index) cuda::amax(Tensor(), out, x, d);
+      else cuda::amax(out, Tensor(), x, d);
+    } else
+#endif
     MG_DISPATCH_NUMERIC(x.dtype(), op, [&] {
       if (want_index) amax_kernel<scalar_t>(Tensor(), out, x, d);
       else amax_kernel<scalar_t>(out, Tensor(), x, d);
@@ -208,7 +215,6 @@ Tensor amax_impl(const char* op, const Tensor& x, int64_t dim, bool keepdim, boo
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   const char* op = "sum";
   check_defined(op, x, "input");
-  check_cpu_kernel(op, x);
   OpNameGuard name(op);
   std::vector<bool> mask = reduced_mask(op, x, dims);
   Shape shape = reduced_shape(x, mask, keepdim);
@@ -216,6 +222,10 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor out = empty(shape, {.dtype = out_dtype, .device = x.device()});
   if (!out.is_meta()) {
     Tensor src = x.dtype() == DType::b8 ? cast(x, DType::i64) : x;
+#ifdef MG_WITH_CUDA
+    if (src.device().is_cuda()) cuda::sum(out, src, mask);
+    else
+#endif
     MG_DISPATCH_NUMERIC(src.dtype(), op, [&] { sum_kernel<scalar_t>(out, src, mask); });
   }
   if (auto node = make_node_if_needed<SumBackward>({x}, x.shape(), reduced_shape(x, mask, true)))

@@ -4,10 +4,12 @@
 //
 // What each backward saves: only the output y (never x). softmax: dx = y * (dy - sum(dy * y));
 // log_softmax: dx = dy - exp(y) * sum(dy). Both read y alone, so x can be freed after forward.
+// On cuda:N the same (outer, n, inner) layout goes to ops/cuda/softmax.cu.
 #include <algorithm>
 #include <cmath>
 
 #include "core/parallel.h"
+#include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -115,6 +117,12 @@ class SoftmaxBackward : public Node {
     Tensor dx = empty(yv.shape(), {.dtype = yv.dtype(), .device = yv.device()});
     if (!skip_kernel(dx)) {
       RowLayout l = row_layout(yv.shape(), dim_);
+#ifdef MG_WITH_CUDA
+      if (yv.device().is_cuda()) {
+        cuda::softmax_backward(dx, dy, yv, l.outer, l.n, l.inner, kind_ == SoftmaxKind::log_softmax);
+        return {dx};
+      }
+#endif
       MG_DISPATCH_FLOAT(yv.dtype(), name().data(), [&] { softmax_backward_kernel<scalar_t>(dx, dy, yv, l, kind_); });
     }
     return {dx};
@@ -129,13 +137,16 @@ class SoftmaxBackward : public Node {
 Tensor softmax_impl(const char* op, const Tensor& x, int64_t dim, SoftmaxKind kind) {
   check_defined(op, x, "input");
   check_floating(op, x);
-  check_cpu_kernel(op, x);
   int64_t d = wrap_dim(dim, x.dim(), op);
   OpNameGuard name(op);
   Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});  // same shape as x
   if (!skip_kernel(y)) {
     Tensor xc = contiguous_scratch(x);
     RowLayout l = row_layout(x.shape(), d);
+#ifdef MG_WITH_CUDA
+    if (x.device().is_cuda()) cuda::softmax_forward(y, xc, l.outer, l.n, l.inner, kind == SoftmaxKind::log_softmax);
+    else
+#endif
     MG_DISPATCH_FLOAT(x.dtype(), op, [&] { softmax_kernel<scalar_t>(y, xc, l, kind); });
   }
   if (auto node = make_node_if_needed<SoftmaxBackward>({x}, d, kind)) {

@@ -1,0 +1,89 @@
+// `memgrad gpt train` and `memgrad gpt sample`: the command line over apps/gpt_train.h. train
+// builds a named GPT configuration, trains it on the fortunes corpus (or --data) into a run
+// directory and prints loss, validation loss, throughput and memory; --resume continues a run
+// from its last checkpoint. sample continues a prompt with the run's latest weights.
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+
+#include "apps/commands.h"
+#include "apps/gpt_train.h"
+#include "apps/train_common.h"
+#include "core/allocator.h"
+
+namespace mg {
+namespace {
+
+void print_train_result(const GptTrainResult& r) {
+  if (r.steps_done == r.first_step) {
+    std::printf("gpt train: %s is complete (step %lld); nothing to do (give --steps to train further)\n",
+                r.run_dir.c_str(), (long long)r.steps_done);
+    return;
+  }
+  std::printf("gpt train: steps %lld..%lld  loss %.4f", (long long)r.first_step, (long long)r.steps_done - 1,
+              r.last_loss);
+  if (!std::isnan(r.last_val_loss)) std::printf("  val loss %.4f", r.last_val_loss);
+  std::printf("  %.1f ms/step  %.0f tokens/s (median step)  peak %s\n", r.ms_per_step, r.tokens_per_s,
+              format_bytes(r.peak_bytes).c_str());
+  std::printf("run directory: %s (config.json, metrics.csv, checkpoint/)\n", r.run_dir.c_str());
+}
+
+}  // namespace
+
+void add_gpt_command(CLI::App& app) {
+  CLI::App* gpt = app.add_subcommand("gpt", "Train a GPT on text and sample from it");
+  gpt->require_subcommand(1);
+
+  auto t = std::make_shared<GptTrainOptions>();
+  CLI::App* train = gpt->add_subcommand("train", "Train a GPT into a run directory (or continue one)");
+  // Flags that change the math of a run; with --resume the run's config.json fixes them.
+  std::vector<CLI::Option*> fixed = {
+      train->add_option("--config", t->config, "model configuration: gpt-mini, gpt-small, gpt2-124m")
+          ->capture_default_str(),
+      train->add_option("--data", t->data,
+                        "a text file, a folder of text or a token file (default: the fortunes corpus in " +
+                            std::string(kFortunesDir) + ")"),
+      train->add_option("--batch", t->batch, "sequences per step")->capture_default_str(),
+      train->add_option("--lr", t->lr, "peak learning rate (AdamW, cosine schedule with warmup)")->capture_default_str(),
+      train->add_option("--weight-decay", t->weight_decay, "AdamW weight decay on rank >= 2 parameters")
+          ->capture_default_str(),
+      train->add_option("--grad-clip", t->grad_clip, "clip the global gradient norm to this")->capture_default_str(),
+      train->add_option("--warmup", t->warmup, "warmup steps (default: 5% of --steps)"),
+      train->add_option("--seed", t->seed, "seed of weights, data windows and dropout")->capture_default_str(),
+      train->add_option("--eval-every", t->eval_every, "validation loss every N steps")->capture_default_str(),
+      train->add_option("--checkpoint-every", t->checkpoint_every, "write a checkpoint every N steps")
+          ->capture_default_str(),
+      train->add_option("--out", t->out, "run directory (default: runs/<config>-<date>-<time>)"),
+  };
+  CLI::Option* steps = train->add_option("--steps", t->steps, "training steps (with --resume: a new total)")
+                           ->capture_default_str();
+  train->add_option("--resume", t->resume, "continue the run in this directory from its checkpoint");
+  train->add_option("--device", t->device, "device, e.g. cpu:0")->capture_default_str();
+  train->add_option("--memory-limit", t->memory_limit, "memory budget of the device, e.g. 512MiB");
+  train->callback([t, fixed, steps] {
+    GptTrainOptions o = *t;
+    if (!o.resume.empty()) {
+      for (CLI::Option* f : fixed) reject_on_resume(f->count() > 0, f->get_name(), "gpt train");
+      o.resume_steps = steps->count() > 0 ? t->steps : 0;
+    }
+    print_train_result(gpt_train(o));
+  });
+
+  auto s = std::make_shared<GptSampleOptions>();
+  CLI::App* sample = gpt->add_subcommand("sample", "Continue a prompt with a trained run's weights");
+  sample->add_option("--run", s->run, "run directory (from gpt train)")->required();
+  sample->add_option("--prompt", s->prompt, "text to continue (default: a newline)");
+  sample->add_option("--tokens", s->tokens, "new tokens (bytes) to sample")->capture_default_str();
+  sample->add_option("--temperature", s->temperature, "softmax temperature; 0 = greedy")->capture_default_str();
+  sample->add_option("--top-k", s->top_k, "sample among the k most likely tokens; 0 = all")->capture_default_str();
+  sample->add_option("--seed", s->seed, "sampling seed")->capture_default_str();
+  sample->add_option("--device", s->device, "device, e.g. cpu:0")->capture_default_str();
+  sample->callback([s] {
+    GptSampleResult r = gpt_sample(*s);
+    std::printf("%s\n", r.text.c_str());
+    std::fprintf(stderr, "gpt sample: %lld tokens at %.1f tokens/s\n", (long long)s->tokens, r.tokens_per_s);
+  });
+}
+
+}  // namespace mg

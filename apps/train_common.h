@@ -1,0 +1,68 @@
+// What `gpt train` and `vision train` share: opening the device with its budget, creating or
+// reopening a run directory with clear errors, the generator dropout draws from, the per-step
+// peak memory meter and the step-time statistics the commands report.
+#pragma once
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "apps/run_dir.h"
+#include "core/device.h"
+#include "core/rng.h"
+
+namespace mg {
+
+// The device, with `memory_limit` ("512MiB"; "" = none) set as its budget.
+Device open_device(const std::string& device, const std::string& memory_limit);
+
+// The run directory of a new run: `out`, or runs/<prefix>-<date>-<time> when empty. An existing
+// folder that already holds a checkpoint is an error that points to --resume (`cmd` names the
+// command in messages, e.g. "gpt train"). The folder is not created here: write_config does, so
+// a run with a bad flag leaves nothing behind.
+RunDir new_run_dir(const std::string& out, const std::string& prefix, const std::string& cmd);
+// The run directory to continue: it must exist, hold config.json and a complete checkpoint.
+RunDir resume_run_dir(const std::string& path, const std::string& cmd);
+// The run directory to read from (sample, eval): exists, has config.json and a checkpoint.
+RunDir existing_run_dir(const std::string& path, const std::string& cmd);
+
+// The generator every Dropout layer draws from (nn layers built without one use the default
+// generator). Its state goes into each checkpoint under the role "dropout", so a resumed run
+// draws the same masks as an uninterrupted one.
+Generator& dropout_generator();
+
+// Peak allocated bytes per step and over the run, from the allocator's statistics.
+class PeakMeter {
+ public:
+  PeakMeter(Device device, int64_t run_peak = 0) : device_(device), run_peak_(run_peak) {}
+  void begin_step();      // resets the device's peak counter
+  int64_t end_step();     // the step's peak; updates the run's
+  int64_t run_peak() const { return run_peak_; }
+  int64_t allocated() const;
+  int64_t limit() const;
+
+ private:
+  Device device_;
+  int64_t run_peak_;
+};
+
+// Wall-clock seconds of each training step, for medians (DESIGN.md: time figures are medians
+// of steps after warm-up).
+class StepTimes {
+ public:
+  void start() { t0_ = std::chrono::steady_clock::now(); }
+  double stop();  // seconds since start(), recorded
+  // Median of the recorded steps, leaving out the first (warm-up) when there are more than two.
+  double median() const;
+  double total() const;
+  size_t count() const { return times_.size(); }
+
+ private:
+  std::chrono::steady_clock::time_point t0_;
+  std::vector<double> times_;
+};
+
+// A flag that cannot change on --resume, named in the error when it was given anyway.
+void reject_on_resume(bool given, const std::string& flag, const std::string& cmd);
+
+}  // namespace mg

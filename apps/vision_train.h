@@ -1,0 +1,88 @@
+// MobileNetV2 training and evaluation as library calls (what `memgrad vision train|eval` run,
+// and what the tests call). Data is Fashion-MNIST (gray 28x28 -> RGB, resized to the input
+// size, normalized) or an image folder; training shuffles per epoch with a seeded order,
+// optionally augments (random crop + flip keyed by (seed, epoch, index)), steps AdamW on a
+// cosine schedule, reports test accuracy per epoch, and checkpoints so a resumed run's losses
+// equal an uninterrupted run's exactly.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "apps/progress.h"
+#include "data/dataset.h"
+#include "models/mobilenet_v2.h"
+
+namespace mg {
+
+struct VisionTrainOptions {
+  std::string model = "mobilenetv2-32";    // a named MobileNetV2Config (MobileNetV2Config::names())
+  std::optional<MobileNetV2Config> config;  // used instead of `model` when set (tiny test models)
+  std::string data = "fashion-mnist";       // or an image folder: root/<class>/<image>, or with
+                                            // train/ and test/ (or val/) subfolders of that layout
+  int64_t input_size = 0;                   // square input side; 0: the model's
+  double width_mult = 0.0;                  // 0: the model's
+  bool augment = false;                     // random crop (padding size/8) + horizontal flip
+  int64_t epochs = 1;
+  int64_t batch = 64;
+  double lr = 1e-3;
+  double weight_decay = 0.01;               // on parameters of rank >= 2 only
+  int64_t warmup = -1;                      // -1: 5% of the steps
+  double min_lr_ratio = 0.1;
+  uint64_t seed = 1;
+  std::string device = "cpu:0";
+  std::string memory_limit;
+  std::string out;                          // run directory of a new run ("" = runs/<model>-<time>)
+  std::string resume;                       // run directory to continue
+  int64_t resume_epochs = 0;                // with resume: a new total epoch count (0: the run's)
+  int64_t limit_train = 0;                  // use the first N training images (0: all)
+  int64_t limit_test = 0;                   // use the first N test images (0: all)
+  int64_t checkpoint_every = 0;             // steps between checkpoints; 0: at each epoch's end
+  ProgressStyle progress = ProgressStyle::automatic;
+  int64_t stop_after = -1;                  // stop after this many steps, without a checkpoint (tests)
+};
+
+struct VisionTrainResult {
+  std::string run_dir;
+  int64_t first_step = 0, steps_done = 0, steps_per_epoch = 0;
+  double last_loss = 0.0;
+  double test_accuracy = 0.0;  // after the last finished epoch; NaN when none finished here
+  double ms_per_step = 0.0;    // median over this process's steps after the first
+  double images_per_s = 0.0;   // batch / median step time
+  int64_t peak_bytes = 0;
+  int64_t num_parameters = 0;
+  int64_t train_examples = 0, test_examples = 0;
+  MobileNetV2Config config;
+};
+
+VisionTrainResult vision_train(const VisionTrainOptions& options);
+
+struct VisionEvalOptions {
+  std::string run;
+  std::string data;         // "" = the run's
+  int64_t limit_test = -1;  // -1 = the run's; 0 = all
+  int64_t batch = 0;        // 0 = the run's
+  std::string device = "cpu:0";
+};
+
+struct VisionEvalResult {
+  double accuracy = 0.0;
+  int64_t examples = 0;
+  double images_per_s = 0.0;
+};
+
+VisionEvalResult vision_eval(const VisionEvalOptions& options);
+
+// The train and test sets for `data` ("fashion-mnist" or an image folder) as (C, S, S) f32
+// normalized inputs with () i64 labels; num_classes is set from the data.
+struct VisionData {
+  std::shared_ptr<const Dataset> train, test;
+  int64_t num_classes = 0;
+  std::string source;  // "fashion-mnist" or the folder's absolute path
+  std::string split;   // how train and test were separated
+};
+VisionData load_vision_data(const std::string& data, int64_t input_size, bool augment, uint64_t seed,
+                            int64_t limit_train, int64_t limit_test);
+
+}  // namespace mg
