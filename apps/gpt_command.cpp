@@ -11,6 +11,7 @@
 #include "apps/gpt_train.h"
 #include "apps/train_common.h"
 #include "core/allocator.h"
+#include "core/error.h"
 
 namespace mg {
 namespace {
@@ -27,6 +28,8 @@ void print_train_result(const GptTrainResult& r) {
   std::printf("  %.1f ms/step  %.0f tokens/s (median step)  peak %s\n", r.ms_per_step, r.tokens_per_s,
               format_bytes(r.peak_bytes).c_str());
   std::printf("run directory: %s (config.json, metrics.csv, checkpoint/)\n", r.run_dir.c_str());
+  MG_CHECK(!r.interrupted, "gpt train: interrupted after step ", r.steps_done,
+           "; the checkpoint is saved, continue with 'memgrad gpt train --resume ", r.run_dir, "'");
 }
 
 }  // namespace
@@ -82,6 +85,7 @@ void add_gpt_command(CLI::App& app) {
   sample->callback([s] {
     GptSampleResult r = gpt_sample(*s);
     std::printf("%s\n", r.text.c_str());
+    std::fflush(stdout);  // the text first, then the figures on stderr (kept out of a redirected sample)
     std::fprintf(stderr, "gpt sample: %lld tokens at %.1f tokens/s\n", (long long)s->tokens, r.tokens_per_s);
   });
 }

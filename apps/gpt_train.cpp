@@ -112,6 +112,7 @@ void check_options(const GptTrainOptions& o) {
   MG_CHECK(o.batch > 0, kCmd, ": --batch must be positive, got ", o.batch);
   MG_CHECK(o.lr > 0 && std::isfinite(o.lr), kCmd, ": --lr must be a positive number, got ", o.lr);
   MG_CHECK(o.eval_every > 0 && o.checkpoint_every > 0, kCmd, ": --eval-every and --checkpoint-every must be positive");
+  MG_CHECK(o.warmup < o.steps, kCmd, ": --warmup (", o.warmup, ") must be smaller than --steps (", o.steps, ")");
   MG_CHECK(o.eval_windows > 0, kCmd, ": eval_windows must be positive, got ", o.eval_windows);
 }
 
@@ -135,6 +136,7 @@ double validation_loss(GPT& model, const std::shared_ptr<const Dataset>& val, in
 GptTrainResult gpt_train(const GptTrainOptions& in) {
   GptTrainOptions o = in;
   const bool resuming = !o.resume.empty();
+  const Device device = open_device(o.device, o.memory_limit);
   RunDir run = resuming ? resume_run_dir(o.resume, kCmd)
                         : new_run_dir(o.out, o.model ? "gpt" : o.config, kCmd);
   std::string data_note;
@@ -146,6 +148,10 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     config = run.read_config();
     cfg = read_config(config, o, sched);
     if (in.resume_steps > 0 && in.resume_steps != o.steps) {  // a new total: the schedule stretches
+      const int64_t done = run.read_checkpoint_state().step;
+      MG_CHECK(in.resume_steps >= done && in.resume_steps > sched.warmup_steps, kCmd, ": --steps ", in.resume_steps,
+               " with --resume must be at least the ", done, " steps done (and more than the ", sched.warmup_steps,
+               " warmup steps)");
       o.steps = sched.total_steps = in.resume_steps;
       config["steps"] = config["schedule"]["total_steps"] = in.resume_steps;
       run.write_config(config);
@@ -159,7 +165,6 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     config = make_config(o, cfg, prepare_data(run, o.data, data_note), sched);
     run.write_config(config);
   }
-  const Device device = open_device(o.device, o.memory_limit);
   const int64_t T = cfg.context, B = o.batch;
 
   // Data: random training windows from the first 90%, fixed validation windows from the rest.
@@ -210,6 +215,7 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   auto elapsed = [&] {
     return state.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   };
+  InterruptGuard interrupt;
   int64_t step = state.step;
   while (step < o.steps) {
     if (o.stop_after >= 0 && step >= o.stop_after) break;
@@ -242,11 +248,13 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     progress.update({.done = step, .loss = loss_value, .throughput = double(B * T) / secs,
                      .allocated = meter.allocated(), .peak = meter.run_peak(), .limit = meter.limit(),
                      .extra = extra});
-    if (step % o.checkpoint_every == 0 || step == o.steps) {
+    r.interrupted = interrupt.raised() && step < o.steps;
+    if (step % o.checkpoint_every == 0 || step == o.steps || r.interrupted) {
       run.save_checkpoint(model, opt, {.step = step, .position = loader.position(),
                                        .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
                                        .elapsed_s = elapsed(), .peak_bytes = meter.run_peak()});
     }
+    if (r.interrupted) break;
   }
   progress.finish();
   r.steps_done = step;

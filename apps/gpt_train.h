@@ -18,8 +18,8 @@ inline constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 
 struct GptTrainOptions {
   std::string config = "gpt-mini";  // a named GPTConfig (GPTConfig::names())
-  std::optional<GPTConfig> model;   // used instead of `config` when set (tiny test models)
-  std::string data;                 // "" = fortunes; a text file, a folder of text, or a token file
+  std::optional<GPTConfig> model{}; // used instead of `config` when set (tiny test models)
+  std::string data{};               // "" = fortunes; a text file, a folder of text, or a token file
   int64_t steps = 1000;
   int64_t batch = 8;
   double lr = 3e-4;                 // peak of the cosine schedule
@@ -29,9 +29,9 @@ struct GptTrainOptions {
   double min_lr_ratio = 0.1;        // the schedule ends at lr * min_lr_ratio
   uint64_t seed = 1;                // weights, windows and dropout all derive from it
   std::string device = "cpu:0";
-  std::string memory_limit;         // device budget, e.g. "512MiB"
-  std::string out;                  // run directory of a new run ("" = runs/<config>-<time>)
-  std::string resume;               // run directory to continue (its config.json decides the rest)
+  std::string memory_limit{};       // device budget, e.g. "512MiB"
+  std::string out{};                // run directory of a new run ("" = runs/<config>-<time>)
+  std::string resume{};             // run directory to continue (its config.json decides the rest)
   int64_t resume_steps = 0;         // with resume: a new total step count (0: the run's own)
   int64_t eval_every = 100;         // validation loss every N steps (and at the end)
   int64_t eval_windows = 32;        // the fixed validation windows (consecutive, from the split)
@@ -42,7 +42,7 @@ struct GptTrainOptions {
 };
 
 struct GptTrainResult {
-  std::string run_dir;
+  std::string run_dir{};
   int64_t first_step = 0;   // 0, or the checkpoint's step when resuming
   int64_t steps_done = 0;   // the step count when training stopped
   double last_loss = 0.0;
@@ -51,13 +51,14 @@ struct GptTrainResult {
   double tokens_per_s = 0.0;   // batch * context / median step time
   int64_t peak_bytes = 0;      // the run's peak allocated bytes on the device
   int64_t num_parameters = 0;
+  bool interrupted = false;   // stopped by Ctrl-C (a checkpoint was written first)
   GPTConfig config;
 };
 
 GptTrainResult gpt_train(const GptTrainOptions& options);
 
 struct GptSampleOptions {
-  std::string run;               // run directory with a checkpoint
+  std::string run{};             // run directory with a checkpoint
   std::string prompt = "\n";     // the text to continue (a newline starts a fortune)
   int64_t tokens = 200;          // new tokens
   double temperature = 1.0;      // 0: greedy
@@ -67,8 +68,8 @@ struct GptSampleOptions {
 };
 
 struct GptSampleResult {
-  std::string text;          // prompt + continuation
-  std::string continuation;  // the new tokens only
+  std::string text{};        // prompt + continuation
+  std::string continuation{}; // the new tokens only
   double tokens_per_s = 0.0;
 };
 

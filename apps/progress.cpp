@@ -1,6 +1,7 @@
 // Progress bar and periodic progress lines (see progress.h).
 #include "apps/progress.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -54,8 +55,11 @@ std::string Progress::format(const ProgressStats& s, bool with_bar) const {
   if (with_bar) {
     const double frac = total_ > 0 ? std::min(1.0, double(s.done) / double(total_)) : 0.0;
     const int filled = int(frac * kBarWidth);
-    line += "[" + std::string(size_t(filled), '=') + (filled < kBarWidth ? ">" : "") +
-            std::string(size_t(std::max(0, kBarWidth - filled - 1)), ' ') + "] ";
+    line += '[';
+    line.append(size_t(filled), '=');
+    if (filled < kBarWidth) line += '>';
+    line.append(size_t(std::max(0, kBarWidth - filled - 1)), ' ');
+    line += "] ";
   }
   char buf[64];
   std::snprintf(buf, sizeof(buf), "step %lld/%lld  loss %.4f  ", (long long)s.done, (long long)total_, s.loss);
@@ -67,6 +71,14 @@ std::string Progress::format(const ProgressStats& s, bool with_bar) const {
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
   if (with_bar && first_done_ >= 0 && s.done > first_done_ && s.done < total_)
     line += "  eta " + format_duration(secs / double(s.done - first_done_) * double(total_ - s.done));
+  return line;
+}
+
+// A bar longer than the terminal would wrap, and \r would then redraw only its last row.
+std::string Progress::fit(std::string line) const {
+  winsize ws{};
+  if (::ioctl(::fileno(out_), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 1 && line.size() >= ws.ws_col)
+    line.resize(size_t(ws.ws_col - 1));
   return line;
 }
 
@@ -89,7 +101,7 @@ void Progress::update(const ProgressStats& s) {
   if (std::chrono::duration<double>(now - last_draw_).count() < kRedrawSeconds && s.done != total_ && bar_drawn_)
     return;
   last_draw_ = now;
-  std::fprintf(out_, "\r%s\033[K", format(s, true).c_str());
+  std::fprintf(out_, "\r%s\033[K", fit(format(s, true)).c_str());
   std::fflush(out_);
   bar_drawn_ = true;
 }
@@ -101,7 +113,7 @@ void Progress::note(const std::string& line) {
   std::fflush(out_);
   // Redraw the bar under the note right away.
   if (style_ == ProgressStyle::bar && last_.done > 0) {
-    std::fprintf(out_, "%s\033[K", format(last_, true).c_str());
+    std::fprintf(out_, "%s\033[K", fit(format(last_, true)).c_str());
     std::fflush(out_);
     bar_drawn_ = true;
   }

@@ -44,6 +44,7 @@ class Progress {
  private:
   std::string format(const ProgressStats& s, bool with_bar) const;
   void clear_bar();
+  std::string fit(std::string line) const;  // cut to the terminal's width
 
   std::string title_, unit_;
   int64_t total_;

@@ -67,7 +67,9 @@ bool complete_checkpoint(const fs::path& dir) {
 }
 
 uint64_t get_u64(const nlohmann::json& j, const char* key, const std::string& source) {
-  MG_CHECK(j.contains(key) && j[key].is_number_unsigned(), "checkpoint state '", source, "': '", key,
+  const bool ok = j.contains(key) && j[key].is_number_integer() &&
+                  (j[key].is_number_unsigned() || j[key].get<int64_t>() >= 0);
+  MG_CHECK(ok, "checkpoint state '", source, "': '", key,
            "' is missing or not a non-negative integer");
   return j[key].get<uint64_t>();
 }
@@ -228,6 +230,12 @@ TrainingState RunDir::load_checkpoint(Module& model, Optimizer* opt) const {
   model.load(dir + "/model.safetensors", /*strict=*/true);
   if (opt) opt->load(dir + "/optimizer.safetensors");
   return s;
+}
+
+TrainingState RunDir::read_checkpoint_state() const {
+  const std::string dir = checkpoint_for_reading();
+  MG_CHECK(!dir.empty(), "run directory '", path_, "' has no checkpoint (no complete ", checkpoint_dir(), "/)");
+  return TrainingState::from_json(read_json_file(dir + "/state.json"), dir + "/state.json");
 }
 
 void RunDir::load_weights(Module& model) const {

@@ -77,6 +77,8 @@ class RunDir {
   // Loads the weights (strict), the optimizer state (when `opt` is not null) and returns the
   // state. Throws "run directory '<dir>' has no checkpoint" when there is none.
   TrainingState load_checkpoint(Module& model, Optimizer* opt) const;
+  // Only the checkpoint's state.json (where the run stands), without loading any tensor.
+  TrainingState read_checkpoint_state() const;
   // The weights only (sampling, evaluation).
   void load_weights(Module& model) const;
 

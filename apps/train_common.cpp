@@ -2,6 +2,7 @@
 #include "apps/train_common.h"
 
 #include <algorithm>
+#include <csignal>
 #include <ctime>
 #include <filesystem>
 
@@ -79,6 +80,21 @@ double StepTimes::total() const {
   for (double t : times_) s += t;
   return s;
 }
+
+namespace {
+volatile std::sig_atomic_t g_interrupted = 0;
+extern "C" void on_sigint(int) {
+  g_interrupted = 1;
+  std::signal(SIGINT, SIG_DFL);  // a second Ctrl-C stops at once
+}
+}  // namespace
+
+InterruptGuard::InterruptGuard() {
+  g_interrupted = 0;
+  previous_ = std::signal(SIGINT, on_sigint);
+}
+InterruptGuard::~InterruptGuard() { std::signal(SIGINT, previous_ == SIG_ERR ? SIG_DFL : previous_); }
+bool InterruptGuard::raised() const { return g_interrupted != 0; }
 
 void reject_on_resume(bool given, const std::string& flag, const std::string& cmd) {
   MG_CHECK(!given, cmd, ": ", flag, " cannot be given with --resume: the run's config.json fixes it",

@@ -62,6 +62,21 @@ class StepTimes {
   std::vector<double> times_;
 };
 
+// Ctrl-C while training: the first SIGINT only raises a flag, so the loop can finish its step,
+// write a checkpoint and return (a second one ends the process as usual). The previous handler
+// comes back when the guard goes out of scope.
+class InterruptGuard {
+ public:
+  InterruptGuard();
+  ~InterruptGuard();
+  InterruptGuard(const InterruptGuard&) = delete;
+  InterruptGuard& operator=(const InterruptGuard&) = delete;
+  bool raised() const;
+
+ private:
+  void (*previous_)(int);
+};
+
 // A flag that cannot change on --resume, named in the error when it was given anyway.
 void reject_on_resume(bool given, const std::string& flag, const std::string& cmd);
 

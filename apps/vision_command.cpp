@@ -11,6 +11,7 @@
 #include "apps/train_common.h"
 #include "apps/vision_train.h"
 #include "core/allocator.h"
+#include "core/error.h"
 
 namespace mg {
 namespace {
@@ -27,6 +28,8 @@ void print_train_result(const VisionTrainResult& r) {
   std::printf("  %.1f ms/step  %.1f images/s (median step)  peak %s\n", r.ms_per_step, r.images_per_s,
               format_bytes(r.peak_bytes).c_str());
   std::printf("run directory: %s (config.json, metrics.csv, checkpoint/)\n", r.run_dir.c_str());
+  MG_CHECK(!r.interrupted, "vision train: interrupted after step ", r.steps_done,
+           "; the checkpoint is saved, continue with 'memgrad vision train --resume ", r.run_dir, "'");
 }
 
 }  // namespace

@@ -155,6 +155,7 @@ VisionData load_vision_data(const std::string& data, int64_t input_size, bool au
 VisionTrainResult vision_train(const VisionTrainOptions& in) {
   VisionTrainOptions o = in;
   const bool resuming = !o.resume.empty();
+  const Device device = open_device(o.device, o.memory_limit);
   RunDir run = resuming ? resume_run_dir(o.resume, kCmd) : new_run_dir(o.out, o.config ? "vision" : o.model, kCmd);
   nlohmann::json config;
   MobileNetV2Config cfg;
@@ -186,7 +187,6 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   if (!resuming) cfg = o.config ? *o.config : MobileNetV2Config::named(o.model);  // validates the name early
   const int64_t size = o.input_size > 0 && !resuming ? o.input_size : cfg.input_size;
   VisionData data = load_vision_data(o.data, size, o.augment, o.seed, o.limit_train, o.limit_test);
-  const Device device = open_device(o.device, o.memory_limit);
 
   DataLoader loader(data.train, {.batch_size = o.batch, .shuffle = true, .seed = derive_seed(o.seed, {kShuffleKey}),
                                  .drop_last = true, .prefetch = 2, .device = device});
@@ -196,6 +196,10 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
              "' now gives ", per_epoch, " batches per epoch, the run had ", config.value("steps_per_epoch", int64_t(-1)),
              "; the data changed, so the run cannot continue exactly");
     if (in.resume_epochs > 0 && in.resume_epochs != o.epochs) {  // a new total: the schedule stretches
+      const int64_t done = run.read_checkpoint_state().step;
+      MG_CHECK(in.resume_epochs * per_epoch >= done && in.resume_epochs * per_epoch > sched.warmup_steps, kCmd,
+               ": --epochs ", in.resume_epochs, " with --resume is fewer than the ", done, " steps (of ", per_epoch,
+               " per epoch) done");
       o.epochs = in.resume_epochs;
       sched.total_steps = o.epochs * per_epoch;
       config["epochs"] = o.epochs;
@@ -205,6 +209,8 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   } else {
     cfg = model_config(o, data.num_classes);
     const int64_t total = o.epochs * per_epoch;
+    MG_CHECK(o.warmup < total, kCmd, ": --warmup (", o.warmup, ") must be smaller than the number of steps (",
+             total, " = ", o.epochs, " epochs of ", per_epoch, ")");
     sched = LrSchedule::cosine(o.lr, o.warmup >= 0 ? o.warmup : total / 20, total, o.lr * o.min_lr_ratio);
     config = {{"command", kCmd},
               {"model_name", o.config ? std::string("custom") : o.model},
@@ -261,6 +267,7 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
     return state.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   };
   model.train();
+  InterruptGuard interrupt;
   int64_t step = state.step;
   while (step < total_steps) {
     if (o.stop_after >= 0 && step >= o.stop_after) break;
@@ -298,10 +305,12 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
     metrics.write({csv_number(step - 1), csv_number(loss_value), acc_cell, csv_number(lr), csv_number(elapsed()),
                    csv_number(step_peak)});
     const bool due = o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : epoch_end;
-    if (due || step == total_steps)
+    r.interrupted = interrupt.raised() && step < total_steps;
+    if (due || step == total_steps || r.interrupted)
       run.save_checkpoint(model, opt, {.step = step, .position = loader.position(),
                                        .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
                                        .elapsed_s = elapsed(), .peak_bytes = meter.run_peak()});
+    if (r.interrupted) break;
   }
   progress.finish();
   r.steps_done = step;

@@ -19,9 +19,9 @@
 namespace mg {
 namespace {
 
-// Per-batch GEMMs at most this many multiply-adds run in parallel over batches, each single-threaded
-// (OpenBLAS runs serially inside an OpenMP region); larger ones run one after another, each using
-// every thread. The choice depends only on shapes, so results do not depend on the thread count.
+// Per-batch GEMMs at most this many multiply-adds run in parallel over batches, each one serial
+// (cpu_gemm runs its tiles inline inside a parallel region); larger ones run one after another,
+// each using every thread. The choice depends only on shapes, not on the thread count.
 constexpr int64_t kSmallGemmMacs = int64_t(1) << 21;  // 128^3
 
 // How a (rows, cols) matrix with strides (rs, cs) is handed to a row-major GEMM without a copy:

@@ -1,6 +1,6 @@
 // End to end: an MLP (Linear 2->32, ReLU, Linear 32->32, ReLU, Linear 32->2) trained with AdamW
 // and cross_entropy on two interleaved spirals, data drawn from a seeded Generator, must classify
-// a held-out set of the same spirals with > 95% accuracy within a couple of seconds. It exercises
+// a held-out set of the same spirals with > 95% accuracy (speed is measured by `memgrad mlp`, not asserted here). It exercises
 // the whole path: layers, autograd, optimizer groups, schedule and zero_grad, plus determinism
 // (two runs from one seed give the same loss bit for bit).
 #include <catch2/catch.hpp>
@@ -65,7 +65,6 @@ TEST_CASE("e2e: an MLP learns two spirals with AdamW", "[e2e]") {
   INFO("held-out accuracy " << r.test_accuracy << ", final loss " << r.final_loss << ", " << seconds << " s");
   CHECK(r.test_accuracy > 0.95);
   CHECK(r.final_loss < 0.2);
-  CHECK(seconds < 10.0);  // a couple of seconds on a laptop core; generous for a loaded CI machine
   // The same seed gives the same run, bit for bit.
   CHECK(train_spirals(2024, 50).final_loss == train_spirals(2024, 50).final_loss);
 }
