@@ -20,5 +20,7 @@ void add_data_command(CLI::App& app);
 void add_gpt_command(CLI::App& app);
 // `memgrad vision train|eval`: train MobileNetV2 on Fashion-MNIST or an image folder, evaluate it.
 void add_vision_command(CLI::App& app);
+// `memgrad bench`: one model under combinations of memory techniques; memory and time per row.
+void add_bench_command(CLI::App& app);
 
 }  // namespace mg

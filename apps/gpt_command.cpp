@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "apps/commands.h"
+#include "apps/technique_flags.h"
 #include "apps/gpt_train.h"
 #include "apps/train_common.h"
 #include "core/allocator.h"
@@ -64,6 +65,7 @@ void add_gpt_command(CLI::App& app) {
   train->add_option("--resume", t->resume, "continue the run in this directory from its checkpoint");
   train->add_option("--device", t->device, "device, e.g. cpu:0")->capture_default_str();
   train->add_option("--memory-limit", t->memory_limit, "memory budget of the device, e.g. 512MiB");
+  for (CLI::Option* f : add_technique_flags(train, t->techniques)) fixed.push_back(f);
   train->callback([t, fixed, steps] {
     GptTrainOptions o = *t;
     if (!o.resume.empty()) {

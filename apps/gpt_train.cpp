@@ -13,6 +13,7 @@
 
 #include "apps/run_dir.h"
 #include "apps/train_common.h"
+#include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
@@ -21,7 +22,9 @@
 #include "data/token_file.h"
 #include "data/token_window_dataset.h"
 #include "data/tokenizer.h"
+#include "ops/ops.h"
 #include "optim/optim.h"
+#include "optim/trainer.h"
 
 namespace mg {
 
@@ -83,7 +86,8 @@ nlohmann::json make_config(const GptTrainOptions& o, const GPTConfig& cfg, const
           {"schedule", {{"kind", "cosine"}, {"warmup_steps", sched.warmup_steps},
                         {"total_steps", sched.total_steps}, {"min_lr", sched.min_lr}}},
           {"seed", o.seed}, {"batch", o.batch}, {"steps", o.steps}, {"eval_every", o.eval_every},
-          {"eval_windows", o.eval_windows}, {"checkpoint_every", o.checkpoint_every}, {"device", o.device}};
+          {"eval_windows", o.eval_windows}, {"checkpoint_every", o.checkpoint_every}, {"device", o.device},
+          {"techniques", o.techniques.to_json()}};
 }
 
 // The run's settings from its config.json (resuming); `o` keeps device, limit, progress, stop_after.
@@ -101,6 +105,7 @@ GPTConfig read_config(const nlohmann::json& c, GptTrainOptions& o, LrSchedule& s
     o.eval_every = c.at("eval_every");
     o.eval_windows = c.at("eval_windows");
     o.checkpoint_every = c.at("checkpoint_every");
+    o.techniques = o.techniques.from_config(c);
     return GPTConfig::from_json(c.at("model"));
   } catch (const nlohmann::json::exception& e) {
     MG_THROW(kCmd, ": config.json of '", o.resume, "' is incomplete or malformed: ", e.what());
@@ -114,11 +119,15 @@ void check_options(const GptTrainOptions& o) {
   MG_CHECK(o.eval_every > 0 && o.checkpoint_every > 0, kCmd, ": --eval-every and --checkpoint-every must be positive");
   MG_CHECK(o.warmup < o.steps, kCmd, ": --warmup (", o.warmup, ") must be smaller than --steps (", o.steps, ")");
   MG_CHECK(o.eval_windows > 0, kCmd, ": eval_windows must be positive, got ", o.eval_windows);
+  o.techniques.validate(o.batch, Device(o.device));
 }
 
 // Mean loss over the fixed validation windows (eval mode, no graph).
-double validation_loss(GPT& model, const std::shared_ptr<const Dataset>& val, int64_t batch, Device device) {
+double validation_loss(GPT& model, const std::shared_ptr<const Dataset>& val, int64_t batch, Device device,
+                       Precision precision) {
   NoGradGuard no_grad;
+  AutocastGuard autocast(precision == Precision::fp16 ? DType::f16 : DType::bf16,
+                         precision == Precision::fp16 || precision == Precision::bf16);
   model.eval();
   DataLoader loader(val, {.batch_size = batch, .prefetch = 0, .device = device});
   double sum = 0.0;
@@ -182,7 +191,11 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
 
   Generator init_gen(derive_seed(o.seed, {kInitKey}));
   GPT model(cfg, {.gen = &init_gen, .device = device});
+  const Precision precision = parse_precision(o.techniques.precision);
+  apply_precision(model, precision);  // bf16-pure: bf16 parameters, f32 masters in the optimizer
+  model.set_checkpoint(o.techniques.checkpoint_policy());
   AdamW opt(weight_decay_groups(model.named_parameters(), o.lr, o.weight_decay));
+  Trainer trainer(model, opt, o.techniques.trainer_options(o.grad_clip));
   TrainingState state;
   if (resuming) {
     state = run.load_checkpoint(model, &opt);
@@ -190,6 +203,7 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
              "' has no dropout generator state");
     state.generators.at("dropout").restore(dropout_generator());
     loader.set_position(state.position);
+    if (!state.trainer.empty()) trainer.load_state(state.trainer);
   } else {
     dropout_generator().manual_seed(derive_seed(o.seed, {kDropoutKey}));
   }
@@ -205,12 +219,11 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   if (!data_note.empty()) progress.note(data_note);
   progress.note("gpt train: " + config.value("model_name", "custom") + " (" + std::to_string(r.num_parameters) +
                 " parameters), batch " + std::to_string(B) + " x " + std::to_string(T) + " tokens, " + sched.str() +
-                ", on " + device.str() + (resuming ? ", resuming at step " + std::to_string(state.step) : "") +
-                " -> " + run.path());
+                ", techniques: " + o.techniques.str() + ", on " + device.str() +
+                (resuming ? ", resuming at step " + std::to_string(state.step) : "") + " -> " + run.path());
 
   PeakMeter meter(device, state.peak_bytes);
   StepTimes times;
-  const NamedTensors params = model.named_parameters();
   const auto t_start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return state.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -224,19 +237,20 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     meter.begin_step();
     Batch batch = loader.next_step();  // (B, T) inputs and next-token targets
     opt.set_lr(lr);
-    Tensor loss = model.loss(batch.input, batch.target);
-    backward(loss);
-    clip_grad_norm(params, o.grad_clip);
-    opt.step();
-    opt.zero_grad();
-    const double loss_value = loss.item();
+    const StepReport rep = trainer.step(batch.size(), [&](int64_t b, int64_t n) {
+      return model.loss(narrow(batch.input, 0, b, n), narrow(batch.target, 0, b, n));
+    });
+    const double loss_value = rep.loss;
+    if (rep.retries > 0)
+      progress.note("auto-fit: step " + std::to_string(step + 1) + " ran out of memory; retried with micro-batch " +
+                    std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
     const int64_t step_peak = meter.end_step();
     const double secs = times.stop();
     ++step;
 
     std::string val_cell;
     if (step % o.eval_every == 0 || step == o.steps) {
-      r.last_val_loss = validation_loss(model, val_set, B, device);
+      r.last_val_loss = validation_loss(model, val_set, B, device, precision);
       val_cell = csv_number(r.last_val_loss);
     }
     metrics.write({csv_number(step - 1), csv_number(loss_value), val_cell, csv_number(lr), csv_number(elapsed()),
@@ -252,7 +266,8 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     if (step % o.checkpoint_every == 0 || step == o.steps || r.interrupted) {
       run.save_checkpoint(model, opt, {.step = step, .position = loader.position(),
                                        .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
-                                       .elapsed_s = elapsed(), .peak_bytes = meter.run_peak()});
+                                       .elapsed_s = elapsed(), .peak_bytes = meter.run_peak(),
+                                       .trainer = trainer.state()});
     }
     if (r.interrupted) break;
   }
@@ -261,6 +276,9 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   r.ms_per_step = 1000.0 * times.median();
   r.tokens_per_s = times.count() ? double(B * T) / times.median() : 0.0;
   r.peak_bytes = meter.run_peak();
+  r.memory = StepMemory::of(meter);
+  r.micro_batch = trainer.micro_batch();
+  r.skipped_steps = trainer.scaler() ? trainer.scaler()->skipped_steps() : 0;
   return r;
 }
 
@@ -280,6 +298,7 @@ GptSampleResult gpt_sample(const GptSampleOptions& o) {
 
   Generator scratch(0);  // initial values are overwritten by the checkpoint
   GPT model(cfg, {.gen = &scratch, .device = device});
+  apply_precision(model, parse_precision(TechniqueOptions{}.from_config(config).precision));
   run.load_weights(model);
   model.eval();
   ByteTokenizer tok;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "apps/progress.h"
+#include "apps/train_common.h"
 #include "models/gpt.h"
 
 namespace mg {
@@ -36,6 +37,7 @@ struct GptTrainOptions {
   int64_t eval_every = 100;         // validation loss every N steps (and at the end)
   int64_t eval_windows = 32;        // the fixed validation windows (consecutive, from the split)
   int64_t checkpoint_every = 100;   // a checkpoint every N steps (and at the end)
+  TechniqueOptions techniques{};    // checkpointing, precision, accumulation, auto-fit, offload
   ProgressStyle progress = ProgressStyle::automatic;
   // Stop once this many steps are done, without the final checkpoint: an interruption (tests).
   int64_t stop_after = -1;
@@ -51,6 +53,9 @@ struct GptTrainResult {
   double tokens_per_s = 0.0;   // batch * context / median step time
   int64_t peak_bytes = 0;      // the run's peak allocated bytes on the device
   int64_t num_parameters = 0;
+  StepMemory memory{};        // steady-state peaks per category (steps after the first)
+  int64_t micro_batch = 0;    // the micro-batch training ended with (0: whole batch)
+  int64_t skipped_steps = 0;  // fp16 steps skipped for inf/NaN gradients
   bool interrupted = false;   // stopped by Ctrl-C (a checkpoint was written first)
   GPTConfig config;
 };

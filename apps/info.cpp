@@ -16,6 +16,7 @@
 #include "apps/commands.h"
 #include "core/allocator.h"
 #include "core/build_info.h"
+#include "core/cuda/backend.h"
 #include "core/device.h"
 #include "core/parallel.h"
 #include "ops/cpu_gemm.h"
@@ -122,10 +123,15 @@ void print_info() {
                    bytes_or_unknown(meminfo_bytes("MemAvailable")) +
                    " available; each index is its own pool and budget");
   row("meta", "shapes and bytes only, no data: exact memory timelines without compute");
-  if (backend_available(DeviceType::cuda)) row("cuda:N", "available");
-  else if (on_off(MG_CUDA_ENABLED_STR) == "on")
-    row("cuda:N", "not available (no GPU found, or the CUDA backend was not initialised)");
-  else row("cuda:N", "not available (built without CUDA: configure with `cmake --preset cuda`)");
+  // From the CUDA runtime itself (cudaGetDeviceCount), one row per visible GPU.
+  if (!cuda::is_built()) {
+    row("cuda:N", "not available (built without CUDA: configure with `cmake --preset cuda`)");
+  } else if (const int n = cuda::device_count(); n == 0) {
+    const std::string why = cuda::device_count_error();
+    row("cuda:N", "CUDA built, no device" + (why.empty() ? std::string() : " (" + why + ")"));
+  } else {
+    for (int i = 0; i < n; ++i) row(("cuda:" + std::to_string(i)).c_str(), cuda::device_description(i));
+  }
 
   // cpu:0 and meta always exist; list them plus any pool created before this point.
   allocator_for(kCPU);

@@ -87,7 +87,8 @@ nlohmann::json TrainingState::to_json() const {
           {"loader", {{"epoch", position.epoch}, {"batch", position.batch}}},
           {"generators", gens},
           {"elapsed_s", elapsed_s},
-          {"peak_bytes", peak_bytes}};
+          {"peak_bytes", peak_bytes},
+          {"trainer", trainer}};
 }
 
 TrainingState TrainingState::from_json(const nlohmann::json& j, const std::string& source) {
@@ -106,6 +107,10 @@ TrainingState TrainingState::from_json(const nlohmann::json& j, const std::strin
     s.generators[role] = {get_u64(g, "seed", source), get_u64(g, "offset", source)};
   s.elapsed_s = j.value("elapsed_s", 0.0);
   s.peak_bytes = j.value("peak_bytes", int64_t(0));
+  if (j.contains("trainer")) {
+    MG_CHECK(j["trainer"].is_object(), "checkpoint state '", source, "': 'trainer' must be an object");
+    s.trainer = j["trainer"];
+  }
   return s;
 }
 

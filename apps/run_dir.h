@@ -36,6 +36,7 @@ struct TrainingState {
   std::map<std::string, GeneratorState> generators;  // by role, e.g. "dropout"
   double elapsed_s = 0.0;    // training time so far (the metrics' time column continues it)
   int64_t peak_bytes = 0;    // the run's peak allocated bytes so far
+  nlohmann::json trainer = nlohmann::json::object();  // Trainer::state(): micro-batch, loss scale
 
   nlohmann::json to_json() const;
   // `source` names the file in error messages.

@@ -54,8 +54,14 @@ Generator& dropout_generator() { return default_generator(); }
 void PeakMeter::begin_step() { reset_peak_stats(device_); }
 
 int64_t PeakMeter::end_step() {
-  const int64_t peak = memory_stats(device_).allocated.peak;
+  const MemoryStats st = memory_stats(device_);
+  const int64_t peak = st.allocated.peak;
   run_peak_ = std::max(run_peak_, peak);
+  if (++steps_ == 2) steady_ = {};  // the first step (warm-up) counts only while it is alone
+  steady_.total = std::max(steady_.total, peak);
+  steady_.reserved = std::max(steady_.reserved, st.reserved.peak);
+  for (MemoryCategory c : kAllMemoryCategories)
+    steady_.category[size_t(c)] = std::max(steady_.category[size_t(c)], st.category(c).peak);
   return peak;
 }
 
@@ -99,6 +105,69 @@ bool InterruptGuard::raised() const { return g_interrupted != 0; }
 void reject_on_resume(bool given, const std::string& flag, const std::string& cmd) {
   MG_CHECK(!given, cmd, ": ", flag, " cannot be given with --resume: the run's config.json fixes it",
            "\n  hint: start a new run with --out to change it");
+}
+
+StepMemory StepMemory::of(const PeakMeter& m) {
+  StepMemory s{m.steady_peak(), m.steady_reserved_peak(), {}};
+  for (MemoryCategory c : kAllMemoryCategories) s.category[size_t(c)] = m.steady_category_peak(c);
+  return s;
+}
+
+// ---- techniques ---------------------------------------------------------------------------------
+
+void TechniqueOptions::validate(int64_t batch, const Device& train_device) const {
+  checkpoint_policy();  // throws naming a bad policy
+  parse_precision(precision);
+  MG_CHECK(micro_batch >= 0, "--micro-batch must be >= 0 (0: the whole batch), got ", micro_batch);
+  MG_CHECK(micro_batch <= batch, "--micro-batch (", micro_batch, ") cannot exceed --batch (", batch, ")");
+  if (!offload_activations.empty()) {
+    Device d(offload_activations);
+    MG_CHECK(!d.is_meta() && d != train_device, "--offload-activations ", offload_activations,
+             ": needs another device with data than the training device ", train_device.str(),
+             "\n  hint: use cpu:1 when training on cpu:0, cpu:0 when training on cuda:0");
+  }
+}
+
+TrainerOptions TechniqueOptions::trainer_options(double grad_clip) const {
+  TrainerOptions t;
+  t.micro_batch = micro_batch;
+  t.auto_fit = auto_fit;
+  t.precision = parse_precision(precision);
+  t.grad_clip = grad_clip;
+  if (!offload_activations.empty()) t.offload_activations = Device(offload_activations);
+  return t;
+}
+
+std::string TechniqueOptions::str() const {
+  std::string s;
+  auto add = [&](const std::string& part) { s += (s.empty() ? "" : " ") + part; };
+  if (checkpoint != "none") add("checkpoint=" + checkpoint);
+  if (precision != "fp32") add(precision);
+  if (micro_batch > 0) add("micro-batch=" + std::to_string(micro_batch));
+  if (auto_fit) add("auto-fit");
+  if (!offload_activations.empty()) add("offload=" + offload_activations);
+  return s.empty() ? "none" : s;
+}
+
+nlohmann::json TechniqueOptions::to_json() const {
+  return {{"checkpoint", checkpoint}, {"precision", precision}, {"micro_batch", micro_batch},
+          {"offload_activations", offload_activations}};
+}
+
+TechniqueOptions TechniqueOptions::from_config(const nlohmann::json& config) const {
+  TechniqueOptions t;
+  t.auto_fit = auto_fit;
+  if (!config.contains("techniques")) return t;
+  try {
+    const auto& j = config.at("techniques");
+    t.checkpoint = j.at("checkpoint").get<std::string>();
+    t.precision = j.at("precision").get<std::string>();
+    t.micro_batch = j.at("micro_batch").get<int64_t>();
+    t.offload_activations = j.at("offload_activations").get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    MG_THROW("config.json: 'techniques' is malformed: ", e.what());
+  }
+  return t;
 }
 
 }  // namespace mg

@@ -2,12 +2,17 @@
 // reopening a run directory with clear errors, the generator dropout draws from, the per-step
 // peak memory meter and the step-time statistics the commands report.
 #pragma once
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "apps/run_dir.h"
+#include "autograd/checkpoint.h"
+#include "optim/trainer.h"
 #include "core/device.h"
 #include "core/rng.h"
 
@@ -31,7 +36,28 @@ RunDir existing_run_dir(const std::string& path, const std::string& cmd);
 // draws the same masks as an uninterrupted one.
 Generator& dropout_generator();
 
-// Peak allocated bytes per step and over the run, from the allocator's statistics.
+// The memory techniques a training command switches on (`--checkpoint`, `--precision`,
+// `--micro-batch`, `--auto-fit`, `--offload-activations`): recorded in config.json, so a resumed
+// run uses the same ones (auto-fit and the budget are settings of the process, not of the run).
+struct TechniqueOptions {
+  std::string checkpoint = "none";   // CheckpointPolicy::parse
+  std::string precision = "fp32";    // parse_precision
+  int64_t micro_batch = 0;           // 0: the whole batch
+  bool auto_fit = false;
+  std::string offload_activations{};  // "" or a device, e.g. cpu:1
+  // Throws naming the flag when a value is bad; `batch` bounds the micro-batch.
+  void validate(int64_t batch, const Device& train_device) const;
+  CheckpointPolicy checkpoint_policy() const { return CheckpointPolicy::parse(checkpoint); }
+  TrainerOptions trainer_options(double grad_clip) const;
+  // "ckpt=blocks bf16 micro=2 ..." for log lines; "none" when nothing is on.
+  std::string str() const;
+  nlohmann::json to_json() const;
+  // The run's techniques from config.json (missing: all off); auto_fit is kept from `*this`.
+  TechniqueOptions from_config(const nlohmann::json& config) const;
+};
+
+// Peak allocated bytes per step and over the run, from the allocator's statistics; per category
+// and reserved too, over the steps after the first (what `memgrad bench` reports).
 class PeakMeter {
  public:
   PeakMeter(Device device, int64_t run_peak = 0) : device_(device), run_peak_(run_peak) {}
@@ -40,10 +66,28 @@ class PeakMeter {
   int64_t run_peak() const { return run_peak_; }
   int64_t allocated() const;
   int64_t limit() const;
+  // Maxima over the steps after the first one this meter saw (all steps when only one ran).
+  int64_t steady_peak() const { return steady_.total; }
+  int64_t steady_reserved_peak() const { return steady_.reserved; }
+  int64_t steady_category_peak(MemoryCategory c) const { return steady_.category[size_t(c)]; }
 
  private:
+  struct Peaks {
+    int64_t total = 0, reserved = 0;
+    std::array<int64_t, kNumMemoryCategories> category{};
+  };
   Device device_;
   int64_t run_peak_;
+  int64_t steps_ = 0;
+  Peaks steady_;
+};
+
+// What `memgrad bench` tabulates of a run: PeakMeter's steady-state maxima.
+struct StepMemory {
+  int64_t peak = 0;      // allocated, all categories together
+  int64_t reserved = 0;  // held from the backend
+  std::array<int64_t, kNumMemoryCategories> category{};  // each category's own maximum
+  static StepMemory of(const PeakMeter& m);
 };
 
 // Wall-clock seconds of each training step, for medians (DESIGN.md: time figures are medians

@@ -12,6 +12,7 @@
 
 #include "apps/run_dir.h"
 #include "apps/train_common.h"
+#include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "core/error.h"
@@ -21,6 +22,7 @@
 #include "data/transforms.h"
 #include "ops/ops.h"
 #include "optim/optim.h"
+#include "optim/trainer.h"
 
 namespace mg {
 
@@ -67,16 +69,24 @@ Transform pipeline(int64_t size, bool augment, const std::vector<float>& mean, c
   return compose(std::move(t));
 }
 
+// Inputs in the model's parameter dtype (bf16 for bf16-pure runs; a no-op cast otherwise).
+Tensor model_input(const MobileNetV2& model, const Tensor& x) {
+  const DType d = model.features->parameters()[0].dtype();
+  return x.dtype() == d ? x : cast(x, d);
+}
+
 double accuracy(MobileNetV2& model, const std::shared_ptr<const Dataset>& test, int64_t batch, Device device,
-                double* images_per_s = nullptr) {
+                double* images_per_s = nullptr, Precision precision = Precision::fp32) {
   NoGradGuard no_grad;
+  AutocastGuard autocast(precision == Precision::fp16 ? DType::f16 : DType::bf16,
+                         precision == Precision::fp16 || precision == Precision::bf16);
   const bool was_training = model.is_training();
   model.eval();
   DataLoader loader(test, {.batch_size = batch, .prefetch = 2, .device = device});
   int64_t right = 0, n = 0;
   const auto t0 = std::chrono::steady_clock::now();
   while (auto b = loader.next()) {
-    std::vector<int64_t> pred = argmax(model.forward(b->input), 1).to_vector<int64_t>();
+    std::vector<int64_t> pred = argmax(model.forward(model_input(model, b->input)), 1).to_vector<int64_t>();
     std::vector<int64_t> truth = b->target.to_vector<int64_t>();
     for (size_t i = 0; i < pred.size(); ++i) right += pred[i] == truth[i];
     n += b->size();
@@ -177,6 +187,7 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
       o.batch = config.at("batch");
       o.epochs = config.at("epochs");
       o.checkpoint_every = config.at("checkpoint_every");
+      o.techniques = o.techniques.from_config(config);
     } catch (const nlohmann::json::exception& e) {
       MG_THROW(kCmd, ": config.json of '", o.resume, "' is incomplete or malformed: ", e.what());
     }
@@ -184,6 +195,7 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   MG_CHECK(o.epochs > 0 && o.batch > 0, kCmd, ": --epochs and --batch must be positive, got ", o.epochs, " and ", o.batch);
   MG_CHECK(o.lr > 0 && std::isfinite(o.lr), kCmd, ": --lr must be a positive number, got ", o.lr);
   MG_CHECK(o.checkpoint_every >= 0, kCmd, ": --checkpoint-every must be >= 0, got ", o.checkpoint_every);
+  o.techniques.validate(o.batch, device);
   if (!resuming) cfg = o.config ? *o.config : MobileNetV2Config::named(o.model);  // validates the name early
   const int64_t size = o.input_size > 0 && !resuming ? o.input_size : cfg.input_size;
   VisionData data = load_vision_data(o.data, size, o.augment, o.seed, o.limit_train, o.limit_test);
@@ -223,14 +235,19 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
               {"schedule", {{"kind", "cosine"}, {"warmup_steps", sched.warmup_steps},
                             {"total_steps", sched.total_steps}, {"min_lr", sched.min_lr}}},
               {"seed", o.seed}, {"batch", o.batch}, {"epochs", o.epochs}, {"steps_per_epoch", per_epoch},
-              {"checkpoint_every", o.checkpoint_every}, {"device", o.device}};
+              {"checkpoint_every", o.checkpoint_every}, {"device", o.device},
+              {"techniques", o.techniques.to_json()}};
     run.write_config(config);
   }
   const int64_t total_steps = o.epochs * per_epoch;
 
   Generator init_gen(derive_seed(o.seed, {kInitKey}));
   MobileNetV2 model(cfg, {.gen = &init_gen, .device = device});
+  const Precision precision = parse_precision(o.techniques.precision);
+  apply_precision(model, precision);
+  model.set_checkpoint(o.techniques.checkpoint_policy());
   AdamW opt(weight_decay_groups(model.named_parameters(), o.lr, o.weight_decay));
+  Trainer trainer(model, opt, o.techniques.trainer_options(0.0));
   TrainingState state;
   if (resuming) {
     state = run.load_checkpoint(model, &opt);
@@ -238,6 +255,7 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
              "' has no dropout generator state");
     state.generators.at("dropout").restore(dropout_generator());
     loader.set_position(state.position);
+    if (!state.trainer.empty()) trainer.load_state(state.trainer);
   } else {
     dropout_generator().manual_seed(derive_seed(o.seed, {kDropoutKey}));
   }
@@ -257,7 +275,8 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
                 " parameters, " + std::to_string(cfg.input_size) + "x" + std::to_string(cfg.input_size) + " input), " +
                 std::to_string(r.train_examples) + " training / " + std::to_string(r.test_examples) +
                 " test images of " + data.source + ", batch " + std::to_string(o.batch) + ", " + sched.str() +
-                ", on " + device.str() + (resuming ? ", resuming at step " + std::to_string(state.step) : "") +
+                ", techniques: " + o.techniques.str() + ", on " + device.str() +
+                (resuming ? ", resuming at step " + std::to_string(state.step) : "") +
                 " -> " + run.path());
 
   PeakMeter meter(device, state.peak_bytes);
@@ -276,11 +295,14 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
     meter.begin_step();
     Batch batch = loader.next_step();  // (N, 3, S, S) images, (N) labels
     opt.set_lr(lr);
-    Tensor loss = cross_entropy(model.forward(batch.input), batch.target);
-    backward(loss);
-    opt.step();
-    opt.zero_grad();
-    const double loss_value = loss.item();
+    const StepReport rep = trainer.step(batch.size(), [&](int64_t b, int64_t n) {
+      return cross_entropy(model.forward(model_input(model, narrow(batch.input, 0, b, n))),
+                           narrow(batch.target, 0, b, n));
+    });
+    const double loss_value = rep.loss;
+    if (rep.retries > 0)
+      progress.note("auto-fit: step " + std::to_string(step + 1) + " ran out of memory; retried with micro-batch " +
+                    std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
     const int64_t step_peak = meter.end_step();
     const double secs = times.stop();
     ++step;
@@ -294,7 +316,7 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
     std::string acc_cell;
     const bool epoch_end = step % per_epoch == 0;
     if (epoch_end) {  // test accuracy after every epoch
-      r.test_accuracy = accuracy(model, data.test, o.batch, device);
+      r.test_accuracy = accuracy(model, data.test, o.batch, device, nullptr, precision);
       acc_cell = csv_number(r.test_accuracy);
       char line[96];
       std::snprintf(line, sizeof(line), "epoch %lld/%lld: test accuracy %.2f%% (%lld images)",
@@ -309,7 +331,8 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
     if (due || step == total_steps || r.interrupted)
       run.save_checkpoint(model, opt, {.step = step, .position = loader.position(),
                                        .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
-                                       .elapsed_s = elapsed(), .peak_bytes = meter.run_peak()});
+                                       .elapsed_s = elapsed(), .peak_bytes = meter.run_peak(),
+                                       .trainer = trainer.state()});
     if (r.interrupted) break;
   }
   progress.finish();
@@ -317,6 +340,9 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   r.ms_per_step = 1000.0 * times.median();
   r.images_per_s = times.count() ? double(o.batch) / times.median() : 0.0;
   r.peak_bytes = meter.run_peak();
+  r.memory = StepMemory::of(meter);
+  r.micro_batch = trainer.micro_batch();
+  r.skipped_steps = trainer.scaler() ? trainer.scaler()->skipped_steps() : 0;
   return r;
 }
 
@@ -336,9 +362,11 @@ VisionEvalResult vision_eval(const VisionEvalOptions& o) {
   const Device device = open_device(o.device, "");
   Generator scratch(0);  // initial values are overwritten by the checkpoint
   MobileNetV2 model(cfg, {.gen = &scratch, .device = device});
+  const Precision precision = parse_precision(TechniqueOptions{}.from_config(config).precision);
+  apply_precision(model, precision);
   run.load_weights(model);
   VisionEvalResult r;
-  r.accuracy = accuracy(model, data.test, batch, device, &r.images_per_s);
+  r.accuracy = accuracy(model, data.test, batch, device, &r.images_per_s, precision);
   r.examples = data.test->size();
   return r;
 }

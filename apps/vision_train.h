@@ -11,6 +11,7 @@
 #include <string>
 
 #include "apps/progress.h"
+#include "apps/train_common.h"
 #include "data/dataset.h"
 #include "models/mobilenet_v2.h"
 
@@ -40,6 +41,7 @@ struct VisionTrainOptions {
   int64_t limit_train = 0;                  // use the first N training images (0: all)
   int64_t limit_test = 0;                   // use the first N test images (0: all)
   int64_t checkpoint_every = 0;             // steps between checkpoints; 0: at each epoch's end
+  TechniqueOptions techniques{};    // checkpointing, precision, accumulation, auto-fit, offload
   ProgressStyle progress = ProgressStyle::automatic;
   int64_t stop_after = -1;                  // stop after this many steps, without a checkpoint (tests)
 };
@@ -53,6 +55,9 @@ struct VisionTrainResult {
   double images_per_s = 0.0;   // batch / median step time
   int64_t peak_bytes = 0;
   int64_t num_parameters = 0;
+  StepMemory memory{};        // steady-state peaks per category (steps after the first)
+  int64_t micro_batch = 0;    // the micro-batch training ended with (0: whole batch)
+  int64_t skipped_steps = 0;  // fp16 steps skipped for inf/NaN gradients
   bool interrupted = false;   // stopped by Ctrl-C (a checkpoint was written first)
   int64_t train_examples = 0, test_examples = 0;
   MobileNetV2Config config;

@@ -5,6 +5,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "autograd/node.h"
 #include "core/memory_category.h"
@@ -61,6 +62,7 @@ void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grads
   MG_CHECK(grads_in.empty() || grads_in.size() == roots.size(), "backward: ", roots.size(), " roots but ",
            grads_in.size(), " gradients");
   NoGradGuard no_grad;  // backward functions do not record graphs
+  AutocastGuard no_autocast(DType::bf16, false);  // backward sees forward's dtypes (Note [Autocast])
   MemoryCategoryGuard tag(MemoryCategory::gradient);
   OpNameGuard op("backward");
 

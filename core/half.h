@@ -1,9 +1,13 @@
 // The two 16-bit float storage types, Half (IEEE fp16) and BFloat16, with round-to-nearest-even
 // conversions from float. On the CPU they are storage only: kernels load them as float, compute
-// in float and round on store. MG_HOST_DEVICE lets the same code compile inside CUDA kernels.
+// in float and round on store (with F16C, f16 converts with the vcvtph2ps / vcvtps2ph
+// instructions). MG_HOST_DEVICE lets the same code compile inside CUDA kernels.
 #pragma once
 #include <cstdint>
 #include <cstring>
+#if defined(__F16C__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
 
 #if defined(__CUDACC__)
 #define MG_HOST_DEVICE __host__ __device__ __forceinline__
@@ -44,6 +48,9 @@ struct Half {
   MG_HOST_DEVICE operator float() const { return to_float(bits); }
 
   MG_HOST_DEVICE static float to_float(uint16_t h) {
+#if defined(__F16C__) && !defined(__CUDACC__)
+    return _cvtsh_ss(h);  // one vcvtph2ps: the same value as the bit code below, without branches
+#endif
     uint32_t sign = uint32_t(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu;
     uint32_t man = h & 0x3ffu;
@@ -57,6 +64,9 @@ struct Half {
     return bits_float(sign | ((exp + 112u) << 23) | (man << 13));
   }
   MG_HOST_DEVICE static uint16_t from_float(float f) {
+#if defined(__F16C__) && !defined(__CUDACC__)
+    return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);  // vcvtps2ph: IEEE round to nearest even
+#endif
     uint32_t u = float_bits(f);
     uint32_t sign = (u >> 16) & 0x8000u;
     uint32_t absu = u & 0x7fffffffu;

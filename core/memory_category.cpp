@@ -1,6 +1,8 @@
 // Thread-local allocation tags: category, op name and module path.
 #include "core/memory_category.h"
 
+#include <utility>
+
 namespace mg {
 namespace {
 thread_local MemoryCategory t_category = MemoryCategory::activation;
@@ -36,5 +38,10 @@ ModulePathGuard::ModulePathGuard(std::string_view name) : prev_len_(t_module_pat
   t_module_path += name;
 }
 ModulePathGuard::~ModulePathGuard() { t_module_path.resize(prev_len_); }
+
+ModulePathRestoreGuard::ModulePathRestoreGuard(std::string path) : prev_(std::move(t_module_path)) {
+  t_module_path = std::move(path);
+}
+ModulePathRestoreGuard::~ModulePathRestoreGuard() { t_module_path = std::move(prev_); }
 
 }  // namespace mg

@@ -68,4 +68,17 @@ class ModulePathGuard {
   size_t prev_len_;
 };
 
+// Sets the whole module path for a scope (a checkpointed segment recomputed in backward runs
+// under the path it had in forward, so its allocations are attributed to the same modules).
+class ModulePathRestoreGuard {
+ public:
+  explicit ModulePathRestoreGuard(std::string path);
+  ~ModulePathRestoreGuard();
+  ModulePathRestoreGuard(const ModulePathRestoreGuard&) = delete;
+  ModulePathRestoreGuard& operator=(const ModulePathRestoreGuard&) = delete;
+
+ private:
+  std::string prev_;
+};
+
 }  // namespace mg

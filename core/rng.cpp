@@ -26,4 +26,29 @@ Generator& default_generator() {
 
 void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
 
+namespace {
+thread_local GeneratorObserver* t_generator_observer = nullptr;
+}  // namespace
+
+GeneratorObserver* generator_observer() { return t_generator_observer; }
+GeneratorObserver* set_generator_observer(GeneratorObserver* observer) {
+  GeneratorObserver* prev = t_generator_observer;
+  t_generator_observer = observer;
+  return prev;
+}
+
+StreamRecorder::StreamRecorder() : prev_(set_generator_observer(this)) {}
+StreamRecorder::~StreamRecorder() { set_generator_observer(prev_); }
+
+void StreamRecorder::on_advance(Generator& gen, uint64_t offset_before) {
+  bool seen = false;
+  for (const auto& s : starts_) seen = seen || s.first == &gen;
+  if (!seen) starts_.emplace_back(&gen, offset_before);
+  if (prev_) prev_->on_advance(gen, offset_before);
+}
+
+void StreamRecorder::rewind() const {
+  for (const auto& [gen, offset] : starts_) gen->set_offset(offset);
+}
+
 }  // namespace mg

@@ -5,6 +5,8 @@
 #pragma once
 #include <array>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "core/half.h"
 
@@ -33,6 +35,19 @@ MG_HOST_DEVICE std::array<uint32_t, 4> philox4x32(uint64_t key, uint64_t counter
 // Uniform in [0, 1) from 24 random bits.
 MG_HOST_DEVICE float uint_to_unit_float(uint32_t x) { return float(x >> 8) * (1.0f / 16777216.0f); }
 
+class Generator;
+
+// Sees every Generator::advance on this thread while installed (checkpoint records where each
+// stream stood when a segment first drew from it, so its recomputation replays the same numbers).
+class GeneratorObserver {
+ public:
+  virtual ~GeneratorObserver() = default;
+  virtual void on_advance(Generator& gen, uint64_t offset_before) = 0;
+};
+// The current observer (nullptr: none); set_generator_observer returns the previous one.
+GeneratorObserver* generator_observer();
+GeneratorObserver* set_generator_observer(GeneratorObserver* observer);
+
 // A seed and a position in its stream. Drawing n numbers advances the offset by n.
 class Generator {
  public:
@@ -47,6 +62,7 @@ class Generator {
   // Reserves n consecutive stream positions and returns the first.
   uint64_t advance(uint64_t n) {
     uint64_t o = offset_;
+    if (GeneratorObserver* obs = generator_observer()) obs->on_advance(*this, o);
     offset_ += n;
     return o;
   }
@@ -63,5 +79,25 @@ class Generator {
 // The process-wide generator used when none is passed (seeded by mg::manual_seed).
 Generator& default_generator();
 void manual_seed(uint64_t seed);
+
+// Where each stream stood when it was first drawn from while the recorder was alive (it chains
+// to the observer installed before it, so nested recorders all see every draw). Checkpointing
+// replays a segment's draws with it; the Trainer rewinds a step that ran out of memory.
+class StreamRecorder : public GeneratorObserver {
+ public:
+  StreamRecorder();
+  ~StreamRecorder() override;
+  StreamRecorder(const StreamRecorder&) = delete;
+  StreamRecorder& operator=(const StreamRecorder&) = delete;
+  void on_advance(Generator& gen, uint64_t offset_before) override;
+  using Starts = std::vector<std::pair<Generator*, uint64_t>>;
+  const Starts& starts() const { return starts_; }
+  // Puts every recorded stream back where it stood at its first draw.
+  void rewind() const;
+
+ private:
+  GeneratorObserver* prev_;
+  Starts starts_;
+};
 
 }  // namespace mg

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/cuda/backend.h"
+#include "core/half_convert.h"
 #include "core/parallel.h"
 #include "core/strided_loop.h"
 
@@ -47,6 +48,16 @@ void write_element(char* p, DType dt, double v) {
   MG_DISPATCH_ALL(dt, "write", [&] {
     *reinterpret_cast<scalar_t*>(p) = convert_scalar<scalar_t, double>(v);
   });
+}
+
+// n contiguous elements converted; f32 <-> f16 / bf16 take the vectorised core/half_convert.h.
+template <class S, class D, class F>
+void convert_contiguous(const S* s, D* d, int64_t n, F convert) {
+  constexpr bool f32_half = (std::is_same_v<S, float> && (std::is_same_v<D, Half> || std::is_same_v<D, BFloat16>)) ||
+                            (std::is_same_v<D, float> && (std::is_same_v<S, Half> || std::is_same_v<S, BFloat16>));
+  if constexpr (f32_half) convert_span(s, d, n);
+  else
+    for (int64_t i = 0; i < n; ++i) d[i] = convert(s[i]);
 }
 
 void check_host(const Tensor& t, const char* op) {
@@ -339,7 +350,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
           std::memcpy(static_cast<void*>(d), static_cast<const void*>(s), dst.nbytes());
         } else {
           parallel_for(0, dst.numel(), 1 << 15, [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i) d[i] = convert(s[i]);
+            convert_contiguous(s + b, d + b, e - b, convert);
           });
         }
         return;

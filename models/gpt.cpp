@@ -6,6 +6,7 @@
 
 #include <cmath>
 
+#include "autograd/checkpoint.h"
 #include "autograd/grad_mode.h"
 #include "models/nn/init.h"
 
@@ -113,7 +114,17 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
            c_attn->in_features, "), got ", x.shape());
   Tensor q, k, v;
   project_qkv(x, q, k, v);
-  Tensor y = scaled_dot_product_attention(q, k, v, /*causal=*/true, is_training() ? attn_dropout : 0.0);
+  const double p = is_training() ? attn_dropout : 0.0;
+  Tensor y;
+  if (recompute_core) {  // selective checkpointing: the (B, NH, T, T) weights are not kept
+    y = checkpoint(
+        [p](const std::vector<Tensor>& in) {
+          return std::vector<Tensor>{scaled_dot_product_attention(in[0], in[1], in[2], /*causal=*/true, p)};
+        },
+        {q, k, v})[0];
+  } else {
+    y = scaled_dot_product_attention(q, k, v, /*causal=*/true, p);
+  }
   return merge_and_project(y);  // (B, T, C)
 }
 
@@ -213,7 +224,22 @@ Tensor GPT::forward_hidden(const Tensor& idx) {
   MG_CHECK(idx.device() == wte->weight.device(), "GPT: token ids are on ", idx.device().str(),
            " but the model is on ", wte->weight.device().str(), " (move them with mg::to)");
   Tensor x = embed(idx, 0);
-  for (size_t l = 0; l < h->size(); ++l) x = h->at<Block>(l)->forward(x);
+  // Note [Checkpointed blocks]: the policy's segments run under checkpoint (only their input is
+  // saved; backward recomputes them); blocks outside every segment save their activations.
+  const int64_t L = int64_t(h->size());
+  int64_t l = 0;
+  for (const auto& [begin, end] : checkpoint_.segments(L)) {
+    for (; l < begin; ++l) x = h->at<Block>(size_t(l))->forward(x);
+    x = checkpoint(
+        [this, begin = begin, end = end](const Tensor& in) {
+          Tensor y = in;
+          for (int64_t i = begin; i < end; ++i) y = h->at<Block>(size_t(i))->forward(y);
+          return y;
+        },
+        x);
+    l = end;
+  }
+  for (; l < L; ++l) x = h->at<Block>(size_t(l))->forward(x);
   return ln_f->forward(x);  // (B, T, C)
 }
 
@@ -240,6 +266,11 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   Tensor logits = forward(idx);  // (B, T, V)
   const int64_t BT = idx.size(0) * idx.size(1);
   return cross_entropy(reshape(logits, {BT, cfg_.vocab_size}), reshape(targets, {BT}));
+}
+
+void GPT::set_checkpoint(CheckpointPolicy policy) {
+  checkpoint_ = policy;
+  for (size_t l = 0; l < h->size(); ++l) h->at<Block>(l)->attn->recompute_core = policy.kind == CheckpointPolicy::Kind::selective;
 }
 
 }  // namespace mg

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/checkpoint.h"
 #include "models/nn/nn.h"
 
 namespace mg {
@@ -59,6 +60,7 @@ class CausalSelfAttention : public UnaryModule {
   std::shared_ptr<Dropout> resid_dropout;
   int64_t n_head;
   double attn_dropout;
+  bool recompute_core = false;  // selective checkpointing of scores, softmax and dropout
 
  private:
   // x (B, T, C) -> q, k, v each (B, NH, T, HS) (views of one (B, T, 3C) tensor).
@@ -117,6 +119,10 @@ class GPT : public Module {
   void load_hf_gpt2(const NamedTensors& hf, const std::string& source = "state dict");
 
   const GPTConfig& config() const { return cfg_; }
+  // Activation checkpointing of the blocks (autograd/checkpoint.h); none by default. Gradients
+  // are bit-identical under every policy; only memory and time change.
+  void set_checkpoint(CheckpointPolicy policy);
+  const CheckpointPolicy& checkpoint_policy() const { return checkpoint_; }
 
   std::shared_ptr<Embedding> wte, wpe;
   std::shared_ptr<Dropout> drop;
@@ -128,6 +134,7 @@ class GPT : public Module {
   Tensor last_logits(const Tensor& hidden);
   Tensor embed(const Tensor& idx, int64_t pos0);  // (B, T) -> (B, T, C) at positions pos0...
   GPTConfig cfg_;
+  CheckpointPolicy checkpoint_;
 };
 
 }  // namespace mg

@@ -88,9 +88,16 @@ MobileNetV2Config MobileNetV2Config::from_json(const nlohmann::json& j) {
 
 // ---- layers ----------------------------------------------------------------------------------
 
-std::shared_ptr<Sequential> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups,
-                                          const InitOptions& init) {
-  auto seq = std::make_shared<Sequential>();
+Tensor ConvBNReLU6::forward(const Tensor& x) {
+  if (!recompute_bn_relu) return Sequential::forward(x);
+  auto scope = forward_scope();
+  Tensor y = (*this)[0]->forward(x);  // the convolution's output: the only tensor kept
+  return checkpoint([this](const Tensor& t) { return (*this)[2]->forward((*this)[1]->forward(t)); }, y);
+}
+
+std::shared_ptr<ConvBNReLU6> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups,
+                                           const InitOptions& init) {
+  auto seq = std::make_shared<ConvBNReLU6>();
   seq->push_back(kaiming_conv(in, out, kernel, {.stride = stride, .padding = (kernel - 1) / 2, .groups = groups}, init));
   seq->push_back(std::make_shared<BatchNorm2d>(out, 1e-5, 0.1, init));
   seq->push_back(std::make_shared<ReLU6>());
@@ -152,8 +159,38 @@ Tensor MobileNetV2::forward(const Tensor& x) {
   auto scope = forward_scope();
   MG_CHECK(x.defined() && x.dim() == 4 && x.size(1) == cfg_.in_channels, "MobileNetV2: expected input (N, ",
            cfg_.in_channels, ", H, W), got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
-  Tensor f = features->forward(x);                  // (N, 1280, H', W')
+  Tensor f;  // (N, 1280, H', W')
+  if (checkpoint_.kind == CheckpointPolicy::Kind::none || checkpoint_.kind == CheckpointPolicy::Kind::selective) {
+    f = features->forward(x);
+  } else {
+    // The blocks are features[1 .. n-2]; segments index them from 0 (Note [Checkpointed blocks]
+    // in gpt.cpp).
+    auto features_scope = features->forward_scope();
+    const Sequential& fs = *features;
+    const int64_t n_blocks = int64_t(fs.size()) - 2;
+    auto run = [&fs](const Tensor& in, int64_t begin, int64_t end) {  // blocks [begin, end)
+      Tensor y = in;
+      for (int64_t i = begin; i < end; ++i) y = fs[size_t(i + 1)]->forward(y);
+      return y;
+    };
+    f = fs[0]->forward(x);  // stem
+    int64_t b = 0;
+    for (const auto& [begin, end] : checkpoint_.segments(n_blocks)) {
+      f = run(f, b, begin);
+      f = checkpoint([run, begin = begin, end = end](const Tensor& in) { return run(in, begin, end); }, f);
+      b = end;
+    }
+    f = run(f, b, n_blocks);
+    f = fs[fs.size() - 1]->forward(f);  // the last 1x1 conv
+  }
   return classifier->forward(global_avg_pool2d(f));  // (N, 1280) -> (N, classes)
+}
+
+void MobileNetV2::set_checkpoint(CheckpointPolicy policy) {
+  checkpoint_ = policy;
+  const bool selective = policy.kind == CheckpointPolicy::Kind::selective;
+  for (auto& [name, m] : named_modules())
+    if (auto* c = dynamic_cast<ConvBNReLU6*>(m)) c->recompute_bn_relu = selective;
 }
 
 }  // namespace mg

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "autograd/checkpoint.h"
 #include "models/nn/nn.h"
 
 namespace mg {
@@ -40,9 +41,16 @@ struct MobileNetV2Config {
 int64_t make_divisible(double v, int64_t divisor = 8);
 
 // A Sequential of Conv2d (no bias, padding (k-1)/2), BatchNorm2d and ReLU6: torchvision's
-// Conv2dNormActivation, children "0", "1", "2".
-std::shared_ptr<Sequential> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups,
-                                          const InitOptions& init);
+// Conv2dNormActivation, children "0", "1", "2". With recompute_bn_relu (selective
+// checkpointing) only the convolution's output is saved; the normalised and clipped tensors
+// are recomputed in backward.
+class ConvBNReLU6 : public Sequential {
+ public:
+  Tensor forward(const Tensor& x) override;
+  bool recompute_bn_relu = false;
+};
+std::shared_ptr<ConvBNReLU6> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups,
+                                           const InitOptions& init);
 
 // x: (N, in, H, W) -> (N, out, H/stride, W/stride). child "conv": [expand 1x1 (when
 // expand_ratio != 1)], depthwise 3x3 with the stride, project 1x1 (linear), BatchNorm. The input
@@ -64,12 +72,17 @@ class MobileNetV2 : public Module {
   Tensor forward(const Tensor& x);
   Tensor operator()(const Tensor& x) { return forward(x); }
   const MobileNetV2Config& config() const { return cfg_; }
+  // Activation checkpointing over the 17 inverted-residual blocks (features.1 ... features.17;
+  // the stem and the last 1x1 conv save as usual); selective: every batch norm + ReLU6 pair.
+  void set_checkpoint(CheckpointPolicy policy);
+  const CheckpointPolicy& checkpoint_policy() const { return checkpoint_; }
 
   std::shared_ptr<Sequential> features;    // stem, 17 blocks, final 1x1 conv
   std::shared_ptr<Sequential> classifier;  // "0" Dropout, "1" Linear
 
  private:
   MobileNetV2Config cfg_;
+  CheckpointPolicy checkpoint_;
 };
 
 }  // namespace mg

@@ -15,6 +15,7 @@
 #include <optional>
 
 #include "core/rng.h"
+#include "ops/autocast_policy.h"
 #include "ops/cpu_gemm.h"
 #include "ops/cpu_loops.h"
 #include "ops/cuda/launchers.h"
@@ -222,6 +223,8 @@ class AttentionBackward : public Node {
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
                                     Generator* gen) {
+  if (autocast_wants_low({q, k, v}))
+    return scaled_dot_product_attention(autocast_low(q), autocast_low(k), autocast_low(v), causal, dropout_p, gen);
   const char* op = "scaled_dot_product_attention";
   check_defined(op, q, "q");
   check_defined(op, k, "k");

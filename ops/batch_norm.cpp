@@ -13,6 +13,7 @@
 
 #include "autograd/grad_mode.h"
 #include "core/parallel.h"
+#include "ops/autocast_policy.h"
 #include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
@@ -199,6 +200,11 @@ void update_running(const Tensor& running, const double* batch, double momentum)
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
+  // Under autocast only the input and affine parameters are cast; the running statistics are
+  // buffers updated in place, so they are never replaced by a copy.
+  if (autocast_wants_f32({x, weight, bias}))
+    return batch_norm(autocast_f32(x), running_mean, running_var, autocast_f32(weight), autocast_f32(bias), training,
+                      momentum, eps);
   const char* op = "batch_norm";
   check_defined(op, x, "input");
   check_floating(op, x);

@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "core/parallel.h"
+#include "ops/autocast_policy.h"
 #include "ops/cpu_gemm.h"
 #include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
@@ -476,6 +477,7 @@ void check_conv2d(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2
 
 // x: (N, Cin, H, W), weight: (Cout, Cin/groups, KH, KW), bias: (Cout) -> (N, Cout, OH, OW)
 Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dParams p) {
+  if (autocast_wants_low({x, weight, bias})) return conv2d(autocast_low(x), autocast_low(weight), autocast_low(bias), p);
   check_conv2d(x, weight, bias, p);
   OpNameGuard name("conv2d");
   ConvGeom g = make_geom(x.shape(), weight.shape(), p);

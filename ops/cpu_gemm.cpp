@@ -19,7 +19,10 @@
 #endif
 
 #include "core/error.h"
+#include "core/half_convert.h"
+#include "core/memory_category.h"
 #include "core/parallel.h"
+#include "core/tensor.h"
 
 namespace mg {
 namespace {
@@ -137,7 +140,62 @@ void gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, 
   });
 }
 
+// The 16-bit product: the f32 tile grid of gemm() with each tile's operands converted to f32
+// panels first (Note: the panels are what Eigen would pack anyway; converting them costs
+// O(rows K + K cols) next to the tile's O(rows cols K) multiply-adds). Same tiles as f32, so the
+// result does not depend on the thread count either.
+template <class H>
+void gemm_low(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const H* A, int64_t lda,
+              const H* B, int64_t ldb, float beta, H* C, int64_t ldc, Device device) {
+  if (M == 0 || N == 0) return;
+  check_sizes(M, N, K);
+  check_ld(ldc, N, "ldc");
+  if (K == 0) {  // an empty sum: C = beta * C
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = H(beta == 0.0f ? 0.0f : beta * float(C[i * ldc + j]));
+    return;
+  }
+  check_ld(lda, ta == Transpose::yes ? M : K, "lda");
+  check_ld(ldb, tb == Transpose::yes ? K : N, "ldb");
+  const TileGrid g = M * N * K <= kSerialMacs ? TileGrid{1, 1, M, N} : plan_tiles(M, N, K);
+  const char* op = current_op_name();
+  auto tile = [&](int64_t t) {
+    const int64_t r0 = (t / g.tn) * g.rows, c0 = (t % g.tn) * g.cols;
+    const int64_t rows = std::min(g.rows, M - r0), cols = std::min(g.cols, N - c0);
+    MemoryCategoryGuard ws(MemoryCategory::workspace);  // thread-local: set on the worker too
+    OpNameGuard name(op);
+    Tensor buf = empty({rows * K + K * cols + rows * cols}, {.dtype = DType::f32, .device = device});
+    float* pa = buf.data<float>();
+    float* pb = pa + rows * K;
+    float* pc = pb + K * cols;
+    // op(A)'s rows r0..: stored rows (rows, K) of A, or stored columns (K, rows) of A^T.
+    int64_t lda32, ldb32;
+    if (ta == Transpose::no) convert_block(A + r0 * lda, lda, pa, lda32 = K, rows, K);
+    else convert_block(A + r0, lda, pa, lda32 = rows, K, rows);
+    // op(B)'s columns c0..: stored columns (K, cols) of B, or stored rows (cols, K) of B^T.
+    if (tb == Transpose::no) convert_block(B + c0, ldb, pb, ldb32 = cols, K, cols);
+    else convert_block(B + c0 * ldb, ldb, pb, ldb32 = K, cols, K);
+    if (beta != 0.0f) convert_block(C + r0 * ldc + c0, ldc, pc, cols, rows, cols);
+    eigen_gemm<float>(ta, tb, rows, cols, K, alpha, pa, lda32, pb, ldb32, beta, pc, cols);
+    convert_block(static_cast<const float*>(pc), cols, C + r0 * ldc + c0, ldc, rows, cols);  // round on store
+  };
+  if (g.tm * g.tn == 1) return tile(0);
+  parallel_for(0, g.tm * g.tn, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) tile(t);
+  });
+}
+
 }  // namespace
+
+void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const BFloat16* A,
+              int64_t lda, const BFloat16* B, int64_t ldb, float beta, BFloat16* C, int64_t ldc, Device device) {
+  gemm_low<BFloat16>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, device);
+}
+
+void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const Half* A, int64_t lda,
+              const Half* B, int64_t ldb, float beta, Half* C, int64_t ldc, Device device) {
+  gemm_low<Half>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, device);
+}
 
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {

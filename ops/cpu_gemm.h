@@ -1,8 +1,12 @@
 // The CPU GEMM every matrix product goes through (matmul, linear, conv2d's im2col, attention):
 // C = alpha * op(A) * op(B) + beta * C on row-major matrices with leading dimensions, where
 // op(X) is X or X^T. One entry point so the backend choice (OpenBLAS or Eigen) is made once.
+// f16/bf16 operands are converted to f32 tile by tile inside the product (never as whole tensors).
 #pragma once
 #include <cstdint>
+
+#include "core/device.h"
+#include "core/half.h"
 
 namespace mg {
 
@@ -13,6 +17,16 @@ void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
               int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
+
+// 16-bit operands and result (Half or BFloat16) with f32 accumulation: each tile of C converts
+// its panel of op(A) (rows x K), of op(B) (K x cols) and, when beta != 0, its block of C into f32
+// workspace (allocated on `workspace_device` under MemoryCategory::workspace, one tile's worth
+// per running thread), multiplies in f32 and rounds its C block on store.
+void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const BFloat16* A,
+              int64_t lda, const BFloat16* B, int64_t ldb, float beta, BFloat16* C, int64_t ldc,
+              Device workspace_device);
+void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const Half* A, int64_t lda,
+              const Half* B, int64_t ldb, float beta, Half* C, int64_t ldc, Device workspace_device);
 
 // Which library serves cpu_gemm ("OpenBLAS 0.3.21 (openmp)" or "Eigen 3.4"), for `memgrad info`.
 const char* cpu_gemm_backend();

@@ -8,6 +8,7 @@
 // input; add/sub nothing; mul a if b needs grad and b if a does; div b (and a for db); pow both.
 #include <cmath>
 
+#include "ops/autocast_policy.h"
 #include "ops/cpu_loops.h"
 #include "ops/cuda/op_codes.h"
 #include "ops/kernels/elementwise_functors.h"
@@ -318,18 +319,30 @@ Tensor silu(const Tensor& x) { return unary_op<fn::Silu, fn::SiluBackward>("silu
 // ---- binary ----------------------------------------------------------------------------------
 
 Tensor add(const Tensor& a, const Tensor& b) {
+  if (needs_float_promotion(a, b)) {  // f32 + bf16 -> f32 (autocast branches meet f32 residuals)
+    auto [pa, pb] = promote_floating(a, b);
+    return add(pa, pb);
+  }
   Tensor out = map_binary("add", a, b, fn::Add{}, DTypeSet::numeric);
   if (auto node = make_node_if_needed<AddBackward>({a, b}, a.shape(), b.shape(), 1.0)) set_history(node, {a, b}, {out});
   return out;
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
+  if (needs_float_promotion(a, b)) {  // f32 + bf16 -> f32 (autocast branches meet f32 residuals)
+    auto [pa, pb] = promote_floating(a, b);
+    return sub(pa, pb);
+  }
   Tensor out = map_binary("sub", a, b, fn::Sub{}, DTypeSet::numeric);
   if (auto node = make_node_if_needed<AddBackward>({a, b}, a.shape(), b.shape(), -1.0)) set_history(node, {a, b}, {out});
   return out;
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
+  if (needs_float_promotion(a, b)) {  // f32 + bf16 -> f32 (autocast branches meet f32 residuals)
+    auto [pa, pb] = promote_floating(a, b);
+    return mul(pa, pb);
+  }
   Tensor out = map_binary("mul", a, b, fn::Mul{}, DTypeSet::numeric);
   if (auto node = make_node_if_needed<MulBackward>({a, b})) {
     if (b.requires_grad()) node->a.save(a);  // a is needed only for b's gradient
@@ -342,6 +355,10 @@ Tensor mul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
+  if (needs_float_promotion(a, b)) {  // f32 + bf16 -> f32 (autocast branches meet f32 residuals)
+    auto [pa, pb] = promote_floating(a, b);
+    return div(pa, pb);
+  }
   Tensor out = map_binary("div", a, b, fn::Div{}, DTypeSet::floating);
   if (auto node = make_node_if_needed<DivBackward>({a, b})) {
     if (b.requires_grad()) node->a.save(a);
@@ -354,6 +371,10 @@ Tensor div(const Tensor& a, const Tensor& b) {
 }
 
 Tensor pow(const Tensor& a, const Tensor& b) {
+  if (needs_float_promotion(a, b)) {  // f32 + bf16 -> f32 (autocast branches meet f32 residuals)
+    auto [pa, pb] = promote_floating(a, b);
+    return pow(pa, pb);
+  }
   Tensor out = map_binary("pow", a, b, fn::Pow{}, DTypeSet::floating);
   if (auto node = make_node_if_needed<PowBackward>({a, b})) {
     node->a.save(a);
@@ -365,6 +386,10 @@ Tensor pow(const Tensor& a, const Tensor& b) {
 }
 
 Tensor maximum(const Tensor& a, const Tensor& b) {
+  if (needs_float_promotion(a, b)) {  // f32 + bf16 -> f32 (autocast branches meet f32 residuals)
+    auto [pa, pb] = promote_floating(a, b);
+    return maximum(pa, pb);
+  }
   Tensor out = map_binary("maximum", a, b, fn::Maximum{}, DTypeSet::numeric);
   if (auto node = make_node_if_needed<MaxMinBackward>({a, b}, true)) {
     node->a.save(a);
@@ -375,6 +400,10 @@ Tensor maximum(const Tensor& a, const Tensor& b) {
 }
 
 Tensor minimum(const Tensor& a, const Tensor& b) {
+  if (needs_float_promotion(a, b)) {  // f32 + bf16 -> f32 (autocast branches meet f32 residuals)
+    auto [pa, pb] = promote_floating(a, b);
+    return minimum(pa, pb);
+  }
   Tensor out = map_binary("minimum", a, b, fn::Minimum{}, DTypeSet::numeric);
   if (auto node = make_node_if_needed<MaxMinBackward>({a, b}, false)) {
     node->a.save(a);

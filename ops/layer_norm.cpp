@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "core/parallel.h"
+#include "ops/autocast_policy.h"
 #include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
@@ -173,6 +174,7 @@ void check_param(const char* op, const Tensor& p, const Tensor& x, const char* w
 }  // namespace
 
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  if (autocast_wants_f32({x, weight, bias})) return layer_norm(autocast_f32(x), autocast_f32(weight), autocast_f32(bias), eps);
   const char* op = "layer_norm";
   check_defined(op, x, "input");
   check_floating(op, x);

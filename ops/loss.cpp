@@ -13,6 +13,7 @@
 #include <limits>
 
 #include "core/parallel.h"
+#include "ops/autocast_policy.h"
 #include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
@@ -189,6 +190,7 @@ Tensor contiguous_scratch(const Tensor& t) {
 // logits: (N, C), target: (N) -> (). All targets ignored gives loss 0 and a zero gradient
 // (a batch of padding contributes nothing); PyTorch returns NaN (0 / 0) there instead.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index) {
+  if (autocast_wants_f32({logits})) return cross_entropy(autocast_f32(logits), target, ignore_index);
   const char* op = "cross_entropy";
   check_defined(op, logits, "logits");
   check_defined(op, target, "target");
@@ -239,6 +241,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
 // input, target: the same shape (no broadcasting: an (N, 1) vs (N) mix-up is an error, not an
 // (N, N) loss) -> ().
 Tensor mse_loss(const Tensor& input, const Tensor& target) {
+  if (autocast_wants_f32({input, target})) return mse_loss(autocast_f32(input), autocast_f32(target));
   const char* op = "mse_loss";
   check_defined(op, input, "input");
   check_defined(op, target, "target");

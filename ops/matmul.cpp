@@ -1,8 +1,8 @@
 // Matrix products: matmul (2-D, batched with broadcast batch dims, 1-D operands as in NumPy) and
 // linear (one GEMM over the flattened leading dims; the bias is added in the same pass: the
 // output rows are filled with the bias and the GEMM accumulates onto them with beta = 1). Every
-// product goes through cpu_gemm; f16/bf16 operands are copied to f32 workspace tensors,
-// multiplied in f32 and rounded on store; f64 uses dgemm. Transposed views are passed to the
+// product goes through cpu_gemm; f16/bf16 operands are converted to f32 a tile at a time inside
+// the GEMM (ops/cpu_gemm.h), multiplied in f32 and rounded on store; f64 uses dgemm. Transposed views are passed to the
 // GEMM as transposed operands, never copied.
 //
 // What each backward saves (only what it reads, only when that gradient is needed):
@@ -10,7 +10,9 @@
 // LinearBackward saves x if weight needs a gradient (dweight = dout^T x) and weight if x does
 // (dx = dout weight); dbias is a column sum of dout and needs nothing saved.
 #include <optional>
+#include <type_traits>
 
+#include "ops/autocast_policy.h"
 #include "ops/cpu_gemm.h"
 #include "ops/cpu_loops.h"
 #include "ops/cuda/launchers.h"
@@ -76,14 +78,22 @@ std::optional<int64_t> flat_row_stride(const Shape& batch, const Shape& sa, int6
 
 // out (batch..., N, M), contiguous, dtype C: out = a b + beta * out, where a (..., N, K) and
 // b (..., K, M) have dtype C, any strides, and batch dims that broadcast to out's.
+// One GEMM call in C's own type: f32 / f64 directly, f16 / bf16 through the converting GEMM.
 template <class C>
-void bmm_kernel(const Tensor& out, Tensor a, Tensor b, C beta) {
+void gemm_as(Transpose ta, Transpose tb, int64_t N, int64_t M, int64_t K, const C* a, int64_t lda, const C* b,
+             int64_t ldb, compute_t<C> beta, C* o, int64_t ldo, Device device) {
+  if constexpr (std::is_same_v<C, compute_t<C>>) cpu_gemm(ta, tb, N, M, K, C(1), a, lda, b, ldb, beta, o, ldo);
+  else cpu_gemm(ta, tb, N, M, K, 1.0f, a, lda, b, ldb, beta, o, ldo, device);
+}
+
+template <class C>
+void bmm_kernel(const Tensor& out, Tensor a, Tensor b, compute_t<C> beta) {
   const int64_t N = a.size(-2), K = a.size(-1), M = b.size(-1);
   C* po = typed_base<C>(out);
   Shape batch(out.shape().begin(), out.shape().end() - 2);
   const int64_t nb = numel_of(batch);
   if (K == 0) {  // an empty sum
-    for (int64_t i = 0; i < out.numel(); ++i) po[i] = beta == C(0) ? C(0) : beta * po[i];
+    for (int64_t i = 0; i < out.numel(); ++i) po[i] = C(beta == 0 ? compute_t<C>(0) : beta * compute_t<C>(po[i]));
     return;
   }
   std::optional<GemmView> va = gemm_view(N, K, a.stride(-2), a.stride(-1));
@@ -99,13 +109,13 @@ void bmm_kernel(const Tensor& out, Tensor a, Tensor b, C beta) {
   bool b_shared = std::all_of(sb.begin(), sb.end(), [](int64_t s) { return s == 0; });
   if (nb > 1 && b_shared) {
     if (auto ld = flat_row_stride(batch, sa, N, K, *va)) {
-      cpu_gemm(Transpose::no, vb->trans, nb * N, M, K, C(1), pa, *ld, pb, vb->ld, beta, po, M);
+      gemm_as<C>(Transpose::no, vb->trans, nb * N, M, K, pa, *ld, pb, vb->ld, beta, po, M, out.device());
       return;
     }
   }
   auto one = [&](int64_t i) {
-    cpu_gemm(va->trans, vb->trans, N, M, K, C(1), pa + batch_offset(i, batch, sa), va->ld,
-             pb + batch_offset(i, batch, sb), vb->ld, beta, po + i * N * M, M);
+    gemm_as<C>(va->trans, vb->trans, N, M, K, pa + batch_offset(i, batch, sa), va->ld, pb + batch_offset(i, batch, sb),
+               vb->ld, beta, po + i * N * M, M, out.device());
   };
   if (nb > 1 && N * M * K <= kSmallGemmMacs) {
     parallel_for(0, nb, 1, [&](int64_t s, int64_t e) {
@@ -128,32 +138,17 @@ void fill_rows(const Tensor& out, const Tensor& bias) {
   });
 }
 
-Tensor f32_copy(const Tensor& t) {  // under the caller's workspace guard
-  Tensor c = empty(t.shape(), {.dtype = DType::f32, .device = t.device()});
-  copy_(c, t);
-  return c;
-}
-
-// out (..., N, M) = a b (+ bias (M) on every row), computed in out's dtype (f32 for f16/bf16).
+// out (..., N, M) = a b (+ bias (M) on every row), in out's dtype (accumulated in f32 for f16/bf16).
 // Inputs are detached: nothing here records history.
 void run_product(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in) {
   Tensor a = a_in.detach(), b = b_in.detach(), bias = bias_in.defined() ? bias_in.detach() : Tensor();
 #ifdef MG_WITH_CUDA
   if (out.device().is_cuda()) return cuda::matmul(out, a, b, bias);  // cuBLAS (ops/cuda/matmul.cu)
 #endif
-  if (out.dtype() == DType::f32) {
-    if (bias.defined()) fill_rows<float>(out, bias);
-    return bmm_kernel<float>(out, a, b, bias.defined() ? 1.0f : 0.0f);
-  }
-  if (out.dtype() == DType::f64) {
-    if (bias.defined()) fill_rows<double>(out, bias);
-    return bmm_kernel<double>(out, a, b, bias.defined() ? 1.0 : 0.0);
-  }
-  MemoryCategoryGuard ws(MemoryCategory::workspace);
-  Tensor o32 = empty(out.shape(), {.dtype = DType::f32, .device = out.device()});
-  if (bias.defined()) fill_rows<float>(o32, f32_copy(bias));
-  bmm_kernel<float>(o32, f32_copy(a), f32_copy(b), bias.defined() ? 1.0f : 0.0f);
-  copy_(out, o32);  // rounds to f16 / bf16
+  MG_DISPATCH_FLOAT(out.dtype(), "matmul", [&] {
+    if (bias.defined()) fill_rows<scalar_t>(out, bias);
+    bmm_kernel<scalar_t>(out, a, b, bias.defined() ? 1 : 0);
+  });
 }
 
 void check_operands(const char* op, const Tensor& a, const Tensor& b, const char* an, const char* bn) {
@@ -212,6 +207,7 @@ class LinearBackward : public Node {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (autocast_wants_low({a, b})) return matmul(autocast_low(a), autocast_low(b));
   const char* op = "matmul";
   check_operands(op, a, b, "first operand", "second operand");
   MG_CHECK(a.dim() >= 1 && b.dim() >= 1, "matmul: both operands need at least 1 dimension, got shapes ",
@@ -250,6 +246,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  if (autocast_wants_low({x, weight, bias})) return linear(autocast_low(x), autocast_low(weight), autocast_low(bias));
   const char* op = "linear";
   check_operands(op, x, weight, "input", "weight");
   check_dim(op, weight, 2, "weight");

@@ -37,12 +37,6 @@ inline void check_dim(const char* op, const Tensor& t, int64_t ndim, const char*
 // The device kernel can be skipped: meta has no data, and empty tensors have nothing to compute.
 inline bool skip_kernel(const Tensor& out) { return out.is_meta() || out.numel() == 0; }
 
-// Kernels are CPU only until the CUDA backend registers its own; this names the op.
-inline void check_cpu_kernel(const char* op, const Tensor& t) {
-  MG_CHECK(t.device().is_cpu() || t.is_meta(), op, ": no kernel for device ", t.device().str(),
-           " (the CUDA backend is not part of this build)");
-}
-
 // Creates node N(args...) and wires it when an input needs a gradient; returns nullptr otherwise.
 template <typename N, typename... Args>
 std::shared_ptr<N> make_node_if_needed(const std::vector<Tensor>& inputs, Args&&... args) {

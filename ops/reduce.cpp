@@ -11,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "core/strided_loop.h"
+#include "ops/autocast_policy.h"
 #include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
@@ -213,6 +214,7 @@ Tensor amax_impl(const char* op, const Tensor& x, int64_t dim, bool keepdim, boo
 }  // namespace
 
 Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  if (autocast_wants_f32({x})) return sum(autocast_f32(x), dims, keepdim);
   const char* op = "sum";
   check_defined(op, x, "input");
   OpNameGuard name(op);
@@ -234,6 +236,7 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
+  if (autocast_wants_f32({x})) return mean(autocast_f32(x), dims, keepdim);
   check_defined("mean", x, "input");
   check_floating("mean", x);
   std::vector<bool> mask = reduced_mask("mean", x, dims);
@@ -244,6 +247,7 @@ Tensor mean(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
 }
 
 Tensor var(const Tensor& x, const std::vector<int64_t>& dims, int64_t correction, bool keepdim) {
+  if (autocast_wants_f32({x})) return var(autocast_f32(x), dims, correction, keepdim);
   check_defined("var", x, "input");
   check_floating("var", x);
   std::vector<bool> mask = reduced_mask("var", x, dims);

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "core/parallel.h"
+#include "ops/autocast_policy.h"
 #include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
@@ -135,6 +136,7 @@ class SoftmaxBackward : public Node {
 };
 
 Tensor softmax_impl(const char* op, const Tensor& x, int64_t dim, SoftmaxKind kind) {
+  if (autocast_wants_f32({x})) return softmax_impl(op, autocast_f32(x), dim, kind);
   check_defined(op, x, "input");
   check_floating(op, x);
   int64_t d = wrap_dim(dim, x.dim(), op);

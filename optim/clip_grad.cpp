@@ -16,6 +16,12 @@ constexpr int64_t kChunk = 1 << 14;
 
 double sum_of_squares(const Tensor& g0) {
   if (g0.is_meta() || g0.numel() == 0) return 0.0;
+  if (g0.device().is_cuda()) {
+    // On the device, in f64 (as the host sums): only the scalar result crosses to the host.
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    const Tensor x = cast(g0.detach(), DType::f64);
+    return mg::to(sum(mul(x, x)), kCPU).item<double>();
+  }
   MG_CHECK(g0.device().is_cpu(), "clip_grad_norm: no kernel for device ", g0.device().str());
   Tensor g = g0;
   if (!g.is_contiguous()) {
@@ -45,6 +51,13 @@ double sum_of_squares(const Tensor& g0) {
 
 void scale_(const Tensor& g, double factor) {
   if (g.is_meta() || g.numel() == 0) return;
+  if (g.device().is_cuda()) {  // on the device, in the compute dtype, written back in place
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    const DType c = g.dtype() == DType::f64 ? DType::f64 : DType::f32;
+    copy_(g, mul(cast(g.detach(), c), factor));
+    g.bump_version();
+    return;
+  }
   MG_CHECK(g.device().is_cpu(), "clip_grad_norm: no kernel for device ", g.device().str());
   Tensor flat = g;
   MG_CHECK(g.is_contiguous(), "clip_grad_norm: gradient of shape ", shape_str(g.shape()),

@@ -7,6 +7,7 @@
 #include <set>
 
 #include "autograd/grad_mode.h"
+#include "core/cuda/backend.h"
 #include "core/memory_category.h"
 #include "core/safetensors.h"
 #include "ops/ops.h"
@@ -88,6 +89,11 @@ ParamState& Optimizer::state_for(const Tensor& param, const std::string& name) {
 
 void Optimizer::step() {
   NoGradGuard no_grad;
+  // Every state is allocated before any parameter changes: a budget too small for the state
+  // raises OutOfMemoryError with all parameters still at their old values (no half-done step).
+  for (const auto& group : groups_)
+    for (const auto& [name, p] : group.params)
+      if (p.grad().defined()) state_for(p, name);
   for (const auto& group : groups_) {
     for (const auto& [name, p] : group.params) {
       Tensor grad = p.grad();
@@ -96,7 +102,8 @@ void Optimizer::step() {
                ": gradient of '", name, "' is ", shape_str(grad.shape()), " ", grad.dtype(), " on ",
                grad.device().str(), " but the parameter is ", shape_str(p.shape()), " ", p.dtype(), " on ",
                p.device().str());
-      MG_CHECK(p.device().is_cpu() || p.is_meta(), type_name_, ": no kernel for device ", p.device().str());
+      MG_CHECK(p.device().is_cpu() || p.is_meta() || (p.device().is_cuda() && cuda::is_built()), type_name_,
+               ": no kernel for device ", p.device().str());
       if (!grad.is_contiguous()) {
         MemoryCategoryGuard ws(MemoryCategory::workspace);
         grad = contiguous(grad.detach());

@@ -107,6 +107,8 @@ class Optimizer {
 template <typename Kernel>
 void Optimizer::for_each_chunk(const Tensor& param, const Tensor& grad, ParamState& s, Kernel&& kernel) {
   if (param.is_meta() || param.numel() == 0) return;
+  // Host pointers only: cuda:N parameters take the fused kernels (cuda::adam_step / sgd_step).
+  MG_CHECK(param.device().is_cpu(), type_name_, ": the host update cannot run on ", param.device().str());
   MG_DISPATCH_FLOAT(param.dtype(), "optimizer step", [&] {
     using P = scalar_t;
     using C = compute_t<P>;

@@ -116,10 +116,12 @@ class Module {
   // Elements over all (distinct) parameters.
   int64_t num_parameters() const;
 
- protected:
   // Call at the start of forward: `auto scope = forward_scope();` so the profiler sees the module
-  // path ("h.0.attn") of every allocation made inside.
+  // path ("h.0.attn") of every allocation made inside. (Public so an owner that runs a
+  // container's children itself, as checkpointing does, can push the container's name.)
   ForwardScope forward_scope() const { return ForwardScope(scope_name_); }
+
+ protected:
 
   // The name pushed by forward_scope(). Containers without a forward of their own (ModuleList)
   // override this to give their children "<list name>.<index>".

@@ -1,5 +1,6 @@
 // Normalisation layers: BatchNorm2d (batch statistics while training, running ones in eval) and
 // LayerNorm (over the last dim). The arithmetic is batch_norm / layer_norm in ops/.
+#include "autograd/checkpoint.h"
 #include "autograd/grad_mode.h"
 #include "models/nn/layers.h"
 
@@ -29,8 +30,12 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   MG_CHECK(x.defined() && (x.dim() == 4 || x.dim() == 2) && x.size(1) == num_features,
            "BatchNorm2d: expected input (N, ", num_features, ", H, W) or (N, ", num_features, "), got ",
            x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
-  Tensor y = batch_norm(x, running_mean, running_var, weight, bias, is_training(), momentum, eps);
-  if (is_training() && !num_batches_tracked.is_meta()) {
+  // A checkpointed block recomputed in backward normalises with the same batch statistics but
+  // must not move the running ones (or the counter) a second time.
+  const bool replay = is_training() && checkpoint_recomputing();
+  Tensor y = batch_norm(x, replay ? Tensor() : running_mean, replay ? Tensor() : running_var, weight, bias,
+                        is_training(), momentum, eps);
+  if (is_training() && !replay && !num_batches_tracked.is_meta()) {
     // A counter, not part of any graph: written directly on the host, through an op elsewhere.
     NoGradGuard no_grad;
     if (num_batches_tracked.device().is_cpu()) {

@@ -9,12 +9,17 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "autograd/engine.h"
 #include "core/allocator.h"
 #include "core/cuda/backend.h"
 #include "core/rng.h"
+#include "models/nn/layers.h"
+#include "optim/adam.h"
+#include "optim/clip_grad.h"
+#include "optim/sgd.h"
 #include "ops/ops.h"
 #ifdef MG_WITH_CUDA
 #include "ops/cuda/launchers.h"
@@ -434,4 +439,41 @@ TEST_CASE("cuda agreement: memory is accounted on cuda:0 as on cpu", "[cuda]") {
   CHECK_THROWS_AS(rnd({1024, 1024}, 68, d), OutOfMemoryError);
   set_memory_limit(d, 0);
   CHECK(sum(c).item_double() == Approx(sum(mg::to(c, kCPU)).item_double()).epsilon(1e-5));
+}
+
+TEST_CASE("cuda agreement: Adam, AdamW and SGD steps (f32, bf16 masters), clip_grad_norm, BatchNorm counter",
+          "[cuda]") {
+  MG_REQUIRE_CUDA();
+  // Three steps of each optimizer class through Optimizer::step on cuda:0 against cpu:0, with the
+  // gradients clipped first: the weights, the state and the masters must agree.
+  for (int kind = 0; kind < 3; ++kind) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      agree(std::string(kind == 0 ? "Adam " : kind == 1 ? "AdamW " : "SGD ") + std::string(dtype_name(dt)), [&](Device d) {
+        NamedTensors params{{"w", leaf(rnd({33, 20}, 70, d, dt))}, {"b", leaf(rnd({20}, 71, d, dt))}};
+        std::unique_ptr<Optimizer> opt;
+        if (kind == 0) opt = std::make_unique<Adam>(params, 1e-2, 0.1);
+        else if (kind == 1) opt = std::make_unique<AdamW>(params, 1e-2, 0.1);
+        else opt = std::make_unique<SGD>(params, 1e-1, 0.01, SgdOptions{.momentum = 0.9, .nesterov = true});
+        std::vector<Tensor> r;
+        for (int step = 0; step < 3; ++step) {
+          Tensor x = rnd({5, 33}, 72 + step, d, dt);
+          backward(weighted_sum(add(matmul(x, params[0].second), params[1].second), 80 + step));
+          r.push_back(from_vector(std::vector<double>{clip_grad_norm(params, 0.5)}, {}, {.device = d}));
+          opt->step();
+          opt->zero_grad();
+        }
+        // 16-bit gradients may differ by a rounding step between devices: judge the f32 state
+        // of a bf16 parameter at bf16's precision.
+        for (const auto& [name, t] : opt->state_dict()) r.push_back(dt == DType::f32 ? t : cast(t, dt));
+        r.push_back(params[0].second.detach());
+        r.push_back(params[1].second.detach());
+        return r;
+      }, 4.0);
+    }
+  }
+  agree("BatchNorm2d module", [](Device d) {
+    BatchNorm2d bn(4, 1e-5, 0.1, {.device = d});
+    for (int i = 0; i < 3; ++i) bn.forward(rnd({2, 4, 3, 3}, 90 + i, d));
+    return std::vector<Tensor>{bn.num_batches_tracked, bn.running_mean, bn.running_var};
+  });
 }

@@ -1,0 +1,257 @@
+// memgrad bench (see bench.h): parsing the combinations, running each as a short training run in
+// its own run directory (fresh allocator state, same seed and data), the table and bench.csv.
+#include "apps/bench.h"
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "core/error.h"
+
+namespace mg {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+bool is_gpt(const BenchOptions& o) {
+  if (o.gpt) return true;
+  if (o.mobilenet) return false;
+  for (const auto& n : GPTConfig::names())
+    if (n == o.model) return true;
+  for (const auto& n : MobileNetV2Config::names())
+    if (n == o.model) return false;
+  std::string known;
+  for (const auto& n : GPTConfig::names()) known += n + ", ";
+  for (const auto& n : MobileNetV2Config::names()) known += n + ", ";
+  MG_THROW("bench: unknown --model '", o.model, "' (known: ", known.substr(0, known.size() - 2), ")");
+}
+
+// The device saved activations go to: the next CPU pool, or host memory from a GPU.
+std::string offload_target(const Device& d) {
+  return d.is_cpu() ? "cpu:" + std::to_string(d.index + 1) : std::string("cpu:0");
+}
+
+double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+void fresh_state(const Device& d, const std::vector<Combination>& combos) {
+  empty_cache(d);
+  reset_peak_stats(d);
+  for (const auto& c : combos)
+    if (!c.techniques.offload_activations.empty()) {
+      Device o(c.techniques.offload_activations);
+      empty_cache(o);
+      reset_peak_stats(o);
+    }
+}
+
+}  // namespace
+
+Combination parse_combination(const std::string& text, int64_t batch, const Device& device) {
+  Combination c{text, {}};
+  MG_CHECK(!text.empty(), "bench: an empty combination in --techniques");
+  if (text == "none") return c;
+  bool precision_set = false, checkpoint_set = false;
+  std::stringstream ss(text);
+  std::string part;
+  while (std::getline(ss, part, '+')) {
+    auto set_checkpoint = [&](const std::string& policy) {
+      MG_CHECK(!checkpoint_set, "bench: '", text, "' names two checkpoint policies");
+      checkpoint_set = true;
+      c.techniques.checkpoint = policy;
+    };
+    auto set_precision = [&](const std::string& p) {
+      MG_CHECK(!precision_set, "bench: '", text, "' names two precisions");
+      precision_set = true;
+      c.techniques.precision = p;
+    };
+    if (part == "ckpt") set_checkpoint("blocks");
+    else if (part == "ckpt-sqrt") set_checkpoint("sqrt");
+    else if (part == "selective") set_checkpoint("selective");
+    else if (part.rfind("ckpt-every", 0) == 0) set_checkpoint("every:" + part.substr(10));
+    else if (part == "bf16") set_precision("bf16");
+    else if (part == "fp16") set_precision("fp16");
+    else if (part == "bf16pure" || part == "bf16-pure") set_precision("bf16-pure");
+    else if (part.rfind("accum", 0) == 0) {
+      const std::string k = part.substr(5);
+      MG_CHECK(!k.empty() && k.find_first_not_of("0123456789") == std::string::npos && std::stoll(k) >= 1, "bench: '",
+               part, "' needs a whole number of micro-batches, e.g. accum4");
+      const int64_t n = std::stoll(k);
+      MG_CHECK(batch % n == 0, "bench: '", part, "' splits the batch of ", batch, " into ", n,
+               " micro-batches, which does not divide it");
+      c.techniques.micro_batch = batch / n;
+    } else if (part == "offload") {
+      c.techniques.offload_activations = offload_target(device);
+    } else {
+      MG_THROW("bench: unknown technique '", part, "' in '", text,
+               "' (known: none, ckpt, ckpt-sqrt, ckpt-everyK, selective, bf16, fp16, bf16pure, accumN, offload)");
+    }
+  }
+  c.techniques.checkpoint_policy();  // ckpt-everyK: K checked here
+  return c;
+}
+
+std::vector<Combination> parse_combinations(const std::string& list, int64_t batch, const Device& device) {
+  std::vector<Combination> out;
+  std::stringstream ss(list);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    for (const auto& c : out) MG_CHECK(c.name != item, "bench: '", item, "' appears twice in --techniques");
+    out.push_back(parse_combination(item, batch, device));
+  }
+  MG_CHECK(!out.empty(), "bench: --techniques is empty");
+  return out;
+}
+
+const BenchRow& BenchResult::baseline() const {
+  MG_INTERNAL_ASSERT(!rows.empty(), "bench result without rows");
+  for (const auto& r : rows)
+    if (r.name == "none") return r;
+  return rows.front();
+}
+
+BenchResult run_bench(const BenchOptions& o) {
+  MG_CHECK(o.steps >= 2, "bench: --steps must be at least 2 (the first step is warm-up), got ", o.steps);
+  MG_CHECK(o.batch >= 0, "bench: --batch must be positive, got ", o.batch);
+  const bool gpt = is_gpt(o);
+  const Device device(o.device);
+  BenchResult r;
+  r.model = o.gpt || o.mobilenet ? std::string("custom") : o.model;
+  r.unit = gpt ? "tok/s" : "img/s";
+  r.steps = o.steps;
+  r.batch = o.batch > 0 ? o.batch : gpt ? 8 : 64;
+  const std::vector<Combination> combos = parse_combinations(o.techniques, r.batch, device);
+  if (o.out.empty()) {
+    char stamp[32];
+    std::time_t now = std::time(nullptr);
+    std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
+    r.out_dir = "runs/bench-" + r.model + "-" + stamp;
+  } else {
+    r.out_dir = o.out;
+  }
+  MG_CHECK(!fs::exists(r.out_dir + "/bench.csv"), "bench: '", r.out_dir, "' already holds a bench.csv; choose another --out");
+  fs::create_directories(r.out_dir);
+
+  for (const Combination& c : combos) {
+    fresh_state(device, combos);
+    const std::string run_dir = r.out_dir + "/runs/" + c.name;
+    fs::remove_all(run_dir);
+    BenchRow row{c.name, c.techniques, {}, 0, 0, 0, 0};
+    if (gpt) {
+      GptTrainOptions t;
+      t.config = o.model;
+      t.model = o.gpt;
+      t.data = o.data;
+      t.steps = o.steps;
+      t.batch = r.batch;
+      t.seed = o.seed;
+      t.device = o.device;
+      t.out = run_dir;
+      t.eval_every = o.steps;
+      t.eval_windows = 4;
+      t.checkpoint_every = o.steps;
+      t.techniques = c.techniques;
+      t.progress = ProgressStyle::none;
+      GptTrainResult g = gpt_train(t);
+      row.memory = g.memory;
+      row.ms_per_step = g.ms_per_step;
+      row.throughput = g.tokens_per_s;
+      row.loss = g.last_loss;
+      row.micro_batch = g.micro_batch;
+    } else {
+      VisionTrainOptions t;
+      t.model = o.model;
+      t.config = o.mobilenet;
+      t.data = o.data.empty() ? "fashion-mnist" : o.data;
+      t.epochs = 1;
+      t.batch = r.batch;
+      t.limit_train = r.batch * o.steps;  // one epoch of exactly `steps` steps
+      t.limit_test = std::min<int64_t>(256, r.batch * 4);
+      t.seed = o.seed;
+      t.device = o.device;
+      t.out = run_dir;
+      t.techniques = c.techniques;
+      t.progress = ProgressStyle::none;
+      VisionTrainResult v = vision_train(t);
+      MG_CHECK(v.steps_done == o.steps, "bench: the data gave ", v.steps_done, " steps instead of ", o.steps,
+               " (fewer than ", r.batch * o.steps, " training images)");
+      row.memory = v.memory;
+      row.ms_per_step = v.ms_per_step;
+      row.throughput = v.images_per_s;
+      row.loss = v.last_loss;
+      row.micro_batch = v.micro_batch;
+    }
+    if (o.progress != ProgressStyle::none) {
+      std::printf("bench %-22s peak %8.2f MiB  activations %8.2f MiB  %8.1f ms/step  loss %.4f\n", c.name.c_str(),
+                  mib(row.memory.peak), mib(row.memory.category[size_t(MemoryCategory::activation)]), row.ms_per_step,
+                  row.loss);
+      std::fflush(stdout);
+    }
+    r.rows.push_back(row);
+  }
+  write_bench_csv(r, r.out_dir + "/bench.csv");
+  write_bench_html(r, r.out_dir + "/bench.html");
+  return r;
+}
+
+std::string BenchResult::table() const {
+  const BenchRow& base = baseline();
+  const auto act = [](const BenchRow& row) { return row.memory.category[size_t(MemoryCategory::activation)]; };
+  std::ostringstream os;
+  char line[512];
+  std::snprintf(line, sizeof(line),
+                "memgrad bench: %s, batch %lld, %lld steps (memory: peak allocated MiB per category over the steps "
+                "after the first; ratios to '%s')\n",
+                model.c_str(), (long long)batch, (long long)steps, base.name.c_str());
+  os << line;
+  std::snprintf(line, sizeof(line), "%-22s %8s %8s %8s %8s %8s %8s %8s %9s %9s %10s %8s %6s %6s %6s\n", "combination",
+                "param", "grad", "optim", "activ", "work", "input", "total", "reserved", "ms/step", unit.c_str(), "loss",
+                "mem", "act", "time");
+  os << line;
+  for (const BenchRow& row : rows) {
+    const auto& c = row.memory.category;
+    auto cat = [&](MemoryCategory k) { return mib(c[size_t(k)]); };
+    auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
+    std::snprintf(line, sizeof(line),
+                  "%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %9.1f %10.0f %8.4f %5.2fx %5.2fx %5.2fx\n",
+                  row.name.c_str(), cat(MemoryCategory::parameter), cat(MemoryCategory::gradient),
+                  cat(MemoryCategory::optimizer_state), cat(MemoryCategory::activation), cat(MemoryCategory::workspace),
+                  cat(MemoryCategory::input), mib(row.memory.peak), mib(row.memory.reserved), row.ms_per_step,
+                  row.throughput, row.loss, ratio(double(row.memory.peak), double(base.memory.peak)),
+                  ratio(double(act(row)), double(act(base))), ratio(row.ms_per_step, base.ms_per_step));
+    os << line;
+  }
+  return os.str();
+}
+
+void write_bench_csv(const BenchResult& r, const std::string& path) {
+  std::ofstream f(path + ".tmp");
+  MG_CHECK(f.good(), "bench: cannot write '", path, "'");
+  const BenchRow& base = r.baseline();
+  f << "combination,checkpoint,precision,micro_batch,offload";
+  for (MemoryCategory c : kAllMemoryCategories) f << ",peak_" << category_name(c) << "_bytes";
+  f << ",peak_bytes,reserved_bytes,ms_per_step," << (r.unit == "tok/s" ? "tokens_per_s" : "images_per_s")
+    << ",loss,memory_ratio,activation_ratio,time_ratio\n";
+  const size_t act = size_t(MemoryCategory::activation);
+  for (const BenchRow& row : r.rows) {
+    f << row.name << ',' << row.techniques.checkpoint << ',' << row.techniques.precision << ',' << row.micro_batch
+      << ',' << row.techniques.offload_activations;
+    for (MemoryCategory c : kAllMemoryCategories) f << ',' << row.memory.category[size_t(c)];
+    char tail[256];
+    std::snprintf(tail, sizeof(tail), ",%lld,%lld,%.3f,%.1f,%.6f,%.4f,%.4f,%.4f\n", (long long)row.memory.peak,
+                  (long long)row.memory.reserved, row.ms_per_step, row.throughput, row.loss,
+                  base.memory.peak ? double(row.memory.peak) / double(base.memory.peak) : 0.0,
+                  base.memory.category[act] ? double(row.memory.category[act]) / double(base.memory.category[act]) : 0.0,
+                  base.ms_per_step > 0 ? row.ms_per_step / base.ms_per_step : 0.0);
+    f << tail;
+  }
+  f.close();
+  MG_CHECK(f.good(), "bench: writing '", path, "' failed");
+  fs::rename(path + ".tmp", path);
+}
+
+}  // namespace mg

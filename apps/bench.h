@@ -1,0 +1,67 @@
+// `memgrad bench`: runs one model under several combinations of memory techniques, each in a
+// fresh state on the same data and seed, and tabulates what each costs and saves: peak allocated
+// bytes per category and in total, peak reserved, the median step time, throughput, the loss
+// after N steps, and every row's memory and time as a ratio to the `none` row. The table also
+// goes to bench.csv and bench.html (bars of memory by category, a time axis) in the output folder.
+#pragma once
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/gpt_train.h"
+#include "apps/train_common.h"
+#include "apps/vision_train.h"
+
+namespace mg {
+
+// One combination: "none", or parts joined by '+': ckpt (= blocks), ckpt-sqrt, ckpt-every2,
+// selective, bf16, fp16, bf16pure, accumN (micro-batch = batch / N), offload (saved activations
+// to cpu:1, or cpu:0 from a GPU). parse_combination throws naming the unknown part.
+struct Combination {
+  std::string name;
+  TechniqueOptions techniques;
+};
+Combination parse_combination(const std::string& text, int64_t batch, const Device& device);
+std::vector<Combination> parse_combinations(const std::string& list, int64_t batch, const Device& device);
+
+struct BenchOptions {
+  std::string model = "gpt-mini";  // gpt-mini, gpt-small, gpt2-124m, mobilenetv2-32, mobilenetv2-224
+  std::optional<GPTConfig> gpt{};                // tiny models for tests (instead of `model`)
+  std::optional<MobileNetV2Config> mobilenet{};
+  std::string techniques = "none,ckpt,bf16,ckpt+bf16,accum4,ckpt+bf16+accum4,offload";
+  int64_t steps = 10;
+  int64_t batch = 0;                // 0: the workload's (8 for GPT, 64 for MobileNetV2-32)
+  std::string data{};               // "" = the default corpus / fashion-mnist
+  std::string device = "cpu:0";
+  std::string out{};                // folder for bench.csv, bench.html and the runs ("" = runs/bench-<model>-<time>)
+  uint64_t seed = 1;
+  ProgressStyle progress = ProgressStyle::lines;
+};
+
+struct BenchRow {
+  std::string name;
+  TechniqueOptions techniques;
+  StepMemory memory;
+  double ms_per_step = 0.0;
+  double throughput = 0.0;  // tokens/s or images/s
+  double loss = 0.0;        // the last step's
+  int64_t micro_batch = 0;
+};
+
+struct BenchResult {
+  std::string model, unit, out_dir;  // unit: "tok/s" or "img/s"
+  int64_t steps = 0, batch = 0;
+  std::vector<BenchRow> rows;
+  // The row ratios are taken against: "none" when it ran, else the first.
+  const BenchRow& baseline() const;
+  std::string table() const;  // the printed table
+};
+
+BenchResult run_bench(const BenchOptions& options);
+// bench.csv and bench.html of a result into `dir`.
+void write_bench_csv(const BenchResult& r, const std::string& path);
+void write_bench_html(const BenchResult& r, const std::string& path);
+
+}  // namespace mg

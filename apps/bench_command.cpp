@@ -1,0 +1,35 @@
+// `memgrad bench --model M --techniques LIST --steps N`: the table of memory and time per
+// combination of techniques (apps/bench.h), also written as bench.csv and bench.html.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+
+#include "apps/bench.h"
+#include "apps/commands.h"
+
+namespace mg {
+
+void add_bench_command(CLI::App& app) {
+  auto o = std::make_shared<BenchOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "bench", "run one model under combinations of memory techniques and tabulate memory and time");
+  cmd->add_option("--model", o->model, "gpt-mini, gpt-small, gpt2-124m, mobilenetv2-32 or mobilenetv2-224")
+      ->capture_default_str();
+  cmd->add_option("--techniques", o->techniques,
+                  "comma-separated combinations of none, ckpt, ckpt-sqrt, ckpt-everyK, selective, bf16, fp16, "
+                  "bf16pure, accumN, offload joined by '+'")
+      ->capture_default_str();
+  cmd->add_option("--steps", o->steps, "training steps per combination (the first is warm-up)")->capture_default_str();
+  cmd->add_option("--batch", o->batch, "examples per step (default: the workload's)");
+  cmd->add_option("--data", o->data, "text / token file for GPT, fashion-mnist or an image folder for MobileNetV2");
+  cmd->add_option("--device", o->device, "device, e.g. cpu:0")->capture_default_str();
+  cmd->add_option("--seed", o->seed, "seed of every run")->capture_default_str();
+  cmd->add_option("--out", o->out, "folder for bench.csv, bench.html and the runs (default: runs/bench-<model>-<time>)");
+  cmd->callback([o] {
+    BenchResult r = run_bench(*o);
+    std::printf("%s", r.table().c_str());
+    std::printf("wrote %s/bench.csv and %s/bench.html\n", r.out_dir.c_str(), r.out_dir.c_str());
+  });
+}
+
+}  // namespace mg

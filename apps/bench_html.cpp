@@ -1,0 +1,117 @@
+// bench.html: a self-contained page (no scripts, no network) with one stacked bar of peak memory
+// by category per combination, a bar of its median step time on a shared time axis beside it,
+// and the table as HTML. The SVG is static markup, so any browser (or a test) can read it.
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "apps/bench.h"
+#include "core/error.h"
+
+namespace mg {
+
+namespace {
+
+const char* category_color(MemoryCategory c) {
+  switch (c) {
+    case MemoryCategory::parameter: return "#4e79a7";
+    case MemoryCategory::gradient: return "#f28e2b";
+    case MemoryCategory::optimizer_state: return "#e15759";
+    case MemoryCategory::activation: return "#76b7b2";
+    case MemoryCategory::workspace: return "#59a14f";
+    case MemoryCategory::input: return "#edc948";
+    case MemoryCategory::other: return "#b07aa1";
+  }
+  return "#999";
+}
+
+std::string escape(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    if (ch == '<') o += "&lt;";
+    else if (ch == '>') o += "&gt;";
+    else if (ch == '&') o += "&amp;";
+    else if (ch == '"') o += "&quot;";
+    else o += ch;
+  }
+  return o;
+}
+
+std::string fmt(const char* f, double v) {
+  char b[64];
+  std::snprintf(b, sizeof(b), f, v);
+  return b;
+}
+
+}  // namespace
+
+void write_bench_html(const BenchResult& r, const std::string& path) {
+  constexpr double kLabelW = 190, kMemW = 420, kGap = 40, kTimeW = 260, kRowH = 26, kTop = 40;
+  double max_mem = 1, max_ms = 1e-9;
+  for (const BenchRow& row : r.rows) {
+    double sum = 0;
+    for (MemoryCategory c : kAllMemoryCategories) sum += double(row.memory.category[size_t(c)]);
+    max_mem = std::max(max_mem, sum);
+    max_ms = std::max(max_ms, row.ms_per_step);
+  }
+  const double width = kLabelW + kMemW + kGap + kTimeW + 80, height = kTop + kRowH * double(r.rows.size()) + 60;
+  const double time_x = kLabelW + kMemW + kGap;
+  std::ostringstream svg;
+  svg << "<svg id=\"bench-chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+      << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
+  svg << "<text x=\"" << kLabelW << "\" y=\"20\">peak memory by category (sum of each category's peak, MiB)</text>\n";
+  svg << "<text x=\"" << time_x << "\" y=\"20\">median step time (ms)</text>\n";
+  for (size_t i = 0; i < r.rows.size(); ++i) {
+    const BenchRow& row = r.rows[i];
+    const double y = kTop + kRowH * double(i);
+    svg << "<text x=\"4\" y=\"" << y + 15 << "\">" << escape(row.name) << "</text>\n";
+    double x = kLabelW;
+    for (MemoryCategory c : kAllMemoryCategories) {
+      const double bytes = double(row.memory.category[size_t(c)]);
+      if (bytes <= 0) continue;
+      const double w = kMemW * bytes / max_mem;
+      svg << "<rect class=\"mem\" data-category=\"" << category_name(c) << "\" data-bytes=\"" << int64_t(bytes)
+          << "\" x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << kRowH - 6 << "\" fill=\""
+          << category_color(c) << "\"><title>" << escape(row.name) << ": " << category_name(c) << " "
+          << fmt("%.2f", bytes / 1048576.0) << " MiB</title></rect>\n";
+      x += w;
+    }
+    const double tw = kTimeW * row.ms_per_step / max_ms;
+    svg << "<rect class=\"time\" data-ms=\"" << fmt("%.3f", row.ms_per_step) << "\" x=\"" << time_x << "\" y=\"" << y
+        << "\" width=\"" << tw << "\" height=\"" << kRowH - 6 << "\" fill=\"#888\"/>\n";
+    svg << "<text x=\"" << time_x + tw + 4 << "\" y=\"" << y + 15 << "\">" << fmt("%.1f", row.ms_per_step)
+        << "</text>\n";
+  }
+  // Time axis: ticks at quarters of the slowest step.
+  const double axis_y = kTop + kRowH * double(r.rows.size()) + 6;
+  svg << "<line x1=\"" << time_x << "\" y1=\"" << axis_y << "\" x2=\"" << time_x + kTimeW << "\" y2=\"" << axis_y
+      << "\" stroke=\"#333\"/>\n";
+  for (int q = 0; q <= 4; ++q) {
+    const double tx = time_x + kTimeW * q / 4.0;
+    svg << "<line x1=\"" << tx << "\" y1=\"" << axis_y << "\" x2=\"" << tx << "\" y2=\"" << axis_y + 5
+        << "\" stroke=\"#333\"/><text x=\"" << tx - 10 << "\" y=\"" << axis_y + 18 << "\">"
+        << fmt("%.0f", max_ms * q / 4.0) << "</text>\n";
+  }
+  double lx = kLabelW;
+  for (MemoryCategory c : kAllMemoryCategories) {
+    svg << "<rect x=\"" << lx << "\" y=\"" << axis_y + 30 << "\" width=\"10\" height=\"10\" fill=\"" << category_color(c)
+        << "\"/><text x=\"" << lx + 13 << "\" y=\"" << axis_y + 39 << "\">" << category_name(c) << "</text>\n";
+    lx += 95;
+  }
+  svg << "</svg>\n";
+
+  std::ofstream f(path + ".tmp");
+  MG_CHECK(f.good(), "bench: cannot write '", path, "'");
+  f << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>memgrad bench: " << escape(r.model)
+    << "</title>\n<style>body{font-family:sans-serif;margin:20px}pre{font-size:12px}</style></head><body>\n"
+    << "<h1>memgrad bench: " << escape(r.model) << "</h1>\n<p>batch " << r.batch << ", " << r.steps
+    << " steps per combination, each in a fresh state on the same data; memory is the allocator's peak allocated "
+       "bytes over the steps after the first.</p>\n"
+    << svg.str() << "<pre id=\"bench-table\">" << escape(r.table()) << "</pre>\n</body></html>\n";
+  f.close();
+  MG_CHECK(f.good(), "bench: writing '", path, "' failed");
+  std::filesystem::rename(path + ".tmp", path);
+}
+
+}  // namespace mg

@@ -1,0 +1,183 @@
+# PyTorch's side of bench/compare_pytorch: the same fp32 training step as bench/compare_step.cpp
+# (forward, backward, AdamW lr 3e-4 wd 0.01, dropout 0, random data) of gpt-mini, gpt-small or
+# mobilenetv2-32, written here in plain torch (no torchvision), printing one JSON line: median ms
+# per step and the resident-memory growth over one step after warm-up (run with
+# MALLOC_MMAP_THRESHOLD_=131072 and OMP_NUM_THREADS set by the driver, before torch loads).
+# Usage: /usr/bin/python3 compare_pytorch_torch.py MODEL [--steps N] [--warmup N] [--threads N]
+import argparse
+import ctypes
+import json
+import math
+import os
+import sys
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("model", choices=["gpt-mini", "gpt-small", "mobilenetv2-32"])
+ap.add_argument("--steps", type=int, default=10)
+ap.add_argument("--warmup", type=int, default=3)
+ap.add_argument("--threads", type=int, default=2)
+args = ap.parse_args()
+os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+
+try:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+except ImportError:
+    sys.exit("compare_pytorch: PyTorch is missing. Install Debian's build: "
+             "apt-get install python3-torch libopenblas0-openmp (run with /usr/bin/python3)")
+
+torch.set_num_threads(args.threads)
+torch.manual_seed(0)
+
+
+class Block(nn.Module):
+    def __init__(self, C, H):
+        super().__init__()
+        self.H = H
+        self.ln_1 = nn.LayerNorm(C)
+        self.c_attn = nn.Linear(C, 3 * C)
+        self.c_proj = nn.Linear(C, C)
+        self.ln_2 = nn.LayerNorm(C)
+        self.c_fc = nn.Linear(C, 4 * C)
+        self.mlp_proj = nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.H))
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
+        x = x + self.c_proj(y)
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, V, T, L, H, C):
+        super().__init__()
+        self.wte = nn.Embedding(V, C)
+        self.wpe = nn.Embedding(T, C)
+        self.h = nn.ModuleList(Block(C, H) for _ in range(L))
+        self.ln_f = nn.LayerNorm(C)
+        for p in self.parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, 0.0, 0.02)
+
+    def forward(self, idx, targets):
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T))
+        for b in self.h:
+            x = b(x)
+        logits = self.ln_f(x) @ self.wte.weight.t()  # tied embeddings
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def conv_bn_relu6(cin, cout, k, stride, groups):
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(cout), nn.ReLU6(inplace=True))
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin, cout, stride, t):
+        super().__init__()
+        hidden = int(round(cin * t))
+        self.use_res = stride == 1 and cin == cout
+        layers = [conv_bn_relu6(cin, hidden, 1, 1, 1)] if t != 1 else []
+        layers += [conv_bn_relu6(hidden, hidden, 3, stride, hidden),
+                   nn.Conv2d(hidden, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.conv = nn.Sequential(*layers)
+
+    def forward(self, x):
+        return x + self.conv(x) if self.use_res else self.conv(x)
+
+
+class MobileNetV2(nn.Module):
+    """torchvision's MobileNetV2 (width 1.0), small-input variant as models/mobilenet_v2.cpp:
+    stem stride 1 and the first stride-2 stage at stride 1 for 32x32 images."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        table = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                 (6, 320, 1, 1)]
+        c = 32
+        feats = [conv_bn_relu6(3, c, 3, 1, 1)]
+        first = True
+        for t, out, n, s in table:
+            if s == 2 and first:
+                first, s = False, 1
+            for i in range(n):
+                feats.append(InvertedResidual(c, out, s if i == 0 else 1, t))
+                c = out
+        feats.append(conv_bn_relu6(c, 1280, 1, 1, 1))
+        self.features = nn.Sequential(*feats)
+        self.classifier = nn.Linear(1280, num_classes)
+
+    def forward(self, x, y):
+        f = self.features(x).mean(dim=(2, 3))
+        return F.cross_entropy(self.classifier(f), y)
+
+
+if args.model.startswith("gpt"):
+    V, T, L, H, C = (256, 128, 4, 4, 256) if args.model == "gpt-mini" else (256, 256, 8, 8, 512)
+    model = GPT(V, T, L, H, C)
+    x = torch.randint(0, V, (8, T))
+    y = torch.randint(0, V, (8, T))
+else:
+    model = MobileNetV2(10)
+    x = torch.randn(64, 3, 32, 32)
+    y = torch.randint(0, 10, (64,))
+model.train()
+opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.01)
+
+
+def step():
+    opt.zero_grad(set_to_none=True)
+    loss = model(x, y)
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def status_kib(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(key + " not in /proc/self/status")
+
+
+for _ in range(args.warmup):
+    step()
+
+# Resident-memory growth over one step: freed tensors leave the resident set (mmap threshold
+# set by the driver, malloc_trim here); VmHWM is reset to the current RSS by clear_refs 5.
+libc = ctypes.CDLL("libc.so.6")
+opt.zero_grad(set_to_none=True)
+libc.malloc_trim(0)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+rss_before = status_kib("VmRSS")
+step()
+growth = (status_kib("VmHWM") - rss_before) * 1024
+
+ms = []
+loss = 0.0
+for _ in range(args.steps):
+    t0 = time.perf_counter()
+    loss = step()
+    ms.append((time.perf_counter() - t0) * 1e3)
+s = sorted(ms)
+median = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+blas = "unknown"
+try:
+    cfg = torch.__config__.show()
+    blas = "openblas" if "openblas" in cfg.lower() else ("mkl" if "mkl" in cfg.lower() else "other")
+except Exception:
+    pass
+print(json.dumps({"model": args.model, "impl": "torch", "torch": torch.__version__, "blas": blas,
+                  "threads": torch.get_num_threads(), "steps": args.steps, "ms_median": round(median, 3),
+                  "ms_min": round(s[0], 3), "step_growth_bytes": growth, "rss_before_bytes": rss_before * 1024,
+                  "loss": loss, "ms": [round(v, 3) for v in ms]}))

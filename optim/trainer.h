@@ -1,0 +1,88 @@
+// Trainer: one training step that combines the memory techniques the apps switch on. A batch of
+// B examples runs as micro-batches of M (gradient accumulation: each micro loss is weighted by
+// its share of the batch, so the summed gradients are the full batch's), under autocast (bf16 /
+// fp16, the latter with a GradScaler), with saved activations offloaded to another device if
+// asked, then one clipped optimizer step and the gradients dropped. With auto_fit, a step that
+// runs out of memory is undone (gradients dropped, batch-norm buffers and random streams put
+// back) and retried on the same batch with half the micro-batch; no example is skipped.
+// Model-specific parts (checkpoint policy, dtype of bf16-pure parameters) are set on the model.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "core/device.h"
+#include "models/nn/module.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+
+namespace mg {
+
+// --precision: fp32; bf16 / fp16 autocast (f32 parameters, GEMM-shaped ops in 16 bits; fp16 with
+// loss scaling); bf16-pure (parameters and activations in bf16, f32 master weights and state in
+// the optimizer: convert the model with to_bf16_pure before building the optimizer).
+enum class Precision { fp32, bf16, fp16, bf16_pure };
+Precision parse_precision(const std::string& s);  // "fp32", "bf16", "fp16", "bf16-pure"
+std::string precision_name(Precision p);
+// The dtype a model's floating parameters and inputs have under p (bf16 for bf16-pure, else f32).
+DType parameter_dtype(Precision p);
+// Casts every floating parameter and buffer of `model` to parameter_dtype(p) (no-op otherwise).
+void apply_precision(Module& model, Precision p);
+
+struct TrainerOptions {
+  int64_t micro_batch = 0;     // examples per forward/backward; 0: the whole batch
+  bool auto_fit = false;       // on OutOfMemoryError: halve the micro-batch and retry the batch
+  Precision precision = Precision::fp32;
+  double grad_clip = 0.0;      // clip the global gradient norm to this; 0: off
+  std::optional<Device> offload_activations{};  // park saved activations on this device
+  GradScalerOptions scaler{};  // fp16 only
+};
+
+struct StepReport {
+  double loss = 0.0;          // the batch's mean loss (micro losses weighted by their size)
+  int64_t micro_batch = 0;    // the micro-batch the step finally ran with
+  int64_t micro_steps = 0;    // forward/backward passes of that successful attempt
+  int64_t retries = 0;        // attempts undone after an OutOfMemoryError (auto_fit)
+  bool stepped = true;        // false when fp16 loss scaling skipped the update (inf/NaN)
+  double grad_norm = 0.0;     // before clipping (0 when clipping is off)
+  double loss_scale = 1.0;    // fp16: the scale used for this step
+  int64_t offloaded_bytes = 0;
+};
+
+class Trainer {
+ public:
+  // micro_loss(begin, count): the mean loss over examples [begin, begin + count) of the batch,
+  // computed with the graph on (the Trainer sets autocast and offload around it).
+  using MicroLoss = std::function<Tensor(int64_t begin, int64_t count)>;
+
+  Trainer(Module& model, Optimizer& opt, TrainerOptions options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  StepReport step(int64_t batch_size, const MicroLoss& micro_loss);
+
+  const TrainerOptions& options() const { return opt_; }
+  // The micro-batch the next step starts with (auto_fit lowers it and keeps it lowered).
+  int64_t micro_batch() const { return micro_; }
+  GradScaler* scaler() { return scaler_.get(); }
+  // {"micro_batch", "scaler"}: what a checkpoint keeps so a resumed run steps alike.
+  nlohmann::json state() const;
+  void load_state(const nlohmann::json& j);
+
+ private:
+  // One attempt at the whole batch with micro-batch m; throws OutOfMemoryError unchanged.
+  void accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_loss, StepReport& r);
+
+  Module& model_;
+  Optimizer& optimizer_;
+  TrainerOptions opt_;
+  int64_t micro_ = 0;  // 0: whole batch
+  std::unique_ptr<GradScaler> scaler_;
+};
+
+}  // namespace mg
