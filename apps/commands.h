@@ -3,6 +3,8 @@
 // (never through static-initializer objects, which the linker may drop). A new subcommand adds
 // its function here and one call in apps/main.cpp.
 #pragma once
+#include <cstddef>
+#include <string>
 
 namespace CLI {
 class App;
@@ -22,5 +24,10 @@ void add_gpt_command(CLI::App& app);
 void add_vision_command(CLI::App& app);
 // `memgrad bench`: one model under combinations of memory techniques; memory and time per row.
 void add_bench_command(CLI::App& app);
+// `memgrad report RUN_DIR`: peak memory per device and category, largest tensors at the peak, its phase.
+void add_report_command(CLI::App& app);
+// The text `memgrad report` prints (apps/report_command.cpp); throws naming memory.json when it is
+// missing or malformed.
+std::string memory_report(const std::string& run_dir, size_t top = 10);
 
 }  // namespace mg

@@ -25,7 +25,8 @@ void print_train_result(const GptTrainResult& r) {
   }
   std::printf("gpt train: steps %lld..%lld  loss %.4f", (long long)r.first_step, (long long)r.steps_done - 1,
               r.last_loss);
-  if (!std::isnan(r.last_val_loss)) std::printf("  val loss %.4f", r.last_val_loss);
+  if (!std::isnan(r.last_val_loss))
+    std::printf("  val loss %.4f (unigram entropy %.4f)", r.last_val_loss, r.unigram_entropy);
   std::printf("  %.1f ms/step  %.0f tokens/s (median step)  peak %s\n", r.ms_per_step, r.tokens_per_s,
               format_bytes(r.peak_bytes).c_str());
   std::printf("run directory: %s (config.json, metrics.csv, checkpoint/)\n", r.run_dir.c_str());

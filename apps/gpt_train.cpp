@@ -122,6 +122,26 @@ void check_options(const GptTrainOptions& o) {
   o.techniques.validate(o.batch, Device(o.device));
 }
 
+// The entropy (nats per token) of the region's token frequencies: the loss a model that ignores
+// context could at best reach, so a trained model's validation loss must be far below it.
+double unigram_entropy(const TokenFile& file, TokenRegion region) {
+  std::vector<int64_t> counts;
+  std::vector<int64_t> chunk(1 << 16);
+  for (int64_t i = region.begin; i < region.end; i += int64_t(chunk.size())) {
+    const int64_t n = std::min<int64_t>(int64_t(chunk.size()), region.end - i);
+    file.read(i, n, chunk.data());
+    for (int64_t k = 0; k < n; ++k) {
+      if (size_t(chunk[size_t(k)]) >= counts.size()) counts.resize(size_t(chunk[size_t(k)]) + 1, 0);
+      ++counts[size_t(chunk[size_t(k)])];
+    }
+  }
+  const double total = double(region.end - region.begin);
+  double h = 0.0;
+  for (int64_t c : counts)
+    if (c > 0) h -= double(c) / total * std::log(double(c) / total);
+  return h;
+}
+
 // Mean loss over the fixed validation windows (eval mode, no graph).
 double validation_loss(GPT& model, const std::shared_ptr<const Dataset>& val, int64_t batch, Device device,
                        Precision precision) {
@@ -217,6 +237,12 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   r.last_val_loss = std::nan("");
   Progress progress("gpt train", o.steps, "tok/s", o.progress);
   if (!data_note.empty()) progress.note(data_note);
+  r.unigram_entropy = unigram_entropy(*file, val_region);
+  char entropy_note[160];
+  std::snprintf(entropy_note, sizeof(entropy_note),
+                "validation split: %lld tokens, unigram entropy %.4f nats/token (the loss of a context-free model)",
+                (long long)(val_region.end - val_region.begin), r.unigram_entropy);
+  progress.note(entropy_note);
   progress.note("gpt train: " + config.value("model_name", "custom") + " (" + std::to_string(r.num_parameters) +
                 " parameters), batch " + std::to_string(B) + " x " + std::to_string(T) + " tokens, " + sched.str() +
                 ", techniques: " + o.techniques.str() + ", on " + device.str() +
@@ -229,10 +255,12 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     return state.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   };
   InterruptGuard interrupt;
+  StepProfiler step_profiler(o.techniques, device, state.step, o.steps);
   int64_t step = state.step;
   while (step < o.steps) {
     if (o.stop_after >= 0 && step >= o.stop_after) break;
     const double lr = sched(step);
+    step_profiler.before_step(step);
     times.start();
     meter.begin_step();
     Batch batch = loader.next_step();  // (B, T) inputs and next-token targets
@@ -246,6 +274,7 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
                     std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
     const int64_t step_peak = meter.end_step();
     const double secs = times.stop();
+    if (std::string line = step_profiler.after_step(step, run.path()); !line.empty()) progress.note(line);
     ++step;
 
     std::string val_cell;

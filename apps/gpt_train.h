@@ -49,6 +49,7 @@ struct GptTrainResult {
   int64_t steps_done = 0;   // the step count when training stopped
   double last_loss = 0.0;
   double last_val_loss = 0.0;  // NaN when no validation ran
+  double unigram_entropy = 0.0;  // of the validation split's tokens, nats (the context-free baseline)
   double ms_per_step = 0.0;    // median over this process's steps after the first
   double tokens_per_s = 0.0;   // batch * context / median step time
   int64_t peak_bytes = 0;      // the run's peak allocated bytes on the device

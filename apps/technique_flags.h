@@ -10,10 +10,13 @@
 namespace mg {
 
 // Adds --checkpoint, --precision, --micro-batch, --offload-activations (returned: a resumed run
-// keeps its own and rejects them) and --auto-fit (a setting of this process, allowed on resume).
+// keeps its own and rejects them), --auto-fit and --profile (settings of this process, allowed
+// on resume).
 inline std::vector<CLI::Option*> add_technique_flags(CLI::App* cmd, TechniqueOptions& t) {
   cmd->add_flag("--auto-fit", t.auto_fit,
                 "on out-of-memory, halve the micro-batch (doubling accumulation) and retry the same batch");
+  cmd->add_flag("--profile", t.profile,
+                "record every allocation of the second step; write memory.json and memory.html into the run dir");
   return {
       cmd->add_option("--checkpoint", t.checkpoint,
                       "activation checkpointing: none, blocks, every:K, sqrt or selective")

@@ -5,8 +5,10 @@
 #include <csignal>
 #include <ctime>
 #include <filesystem>
+#include <optional>
 
 #include "core/allocator.h"
+#include "core/memory_profiler.h"
 #include "core/error.h"
 
 namespace mg {
@@ -138,6 +140,36 @@ TrainerOptions TechniqueOptions::trainer_options(double grad_clip) const {
   return t;
 }
 
+struct StepProfiler::Impl {
+  std::optional<MemoryProfiler> profiler;
+  int64_t step = -1;
+};
+
+StepProfiler::StepProfiler(const TechniqueOptions& t, const Device& device, int64_t first_step, int64_t last_step)
+    : impl_(std::make_unique<Impl>()) {
+  if (!t.profile || first_step >= last_step) return;
+  std::vector<Device> devices{device};
+  if (!t.offload_activations.empty()) devices.emplace_back(t.offload_activations);
+  impl_->profiler.emplace(devices);
+  impl_->step = last_step - first_step > 1 ? first_step + 1 : first_step;
+}
+
+StepProfiler::~StepProfiler() = default;
+
+void StepProfiler::before_step(int64_t step) {
+  if (impl_->profiler && step == impl_->step) impl_->profiler->start();
+}
+
+std::string StepProfiler::after_step(int64_t step, const std::string& run_dir) {
+  if (!impl_->profiler || step != impl_->step || !impl_->profiler->active()) return "";
+  impl_->profiler->stop();
+  impl_->profiler->write(run_dir);
+  const MemoryProfileSummary s = impl_->profiler->summary();
+  const DeviceMemoryProfile& d = s.devices.front();
+  return "memory profile of step " + std::to_string(step + 1) + ": peak " + format_bytes(d.peak_bytes) + " in " +
+         std::string(step_phase_name(d.peak_phase)) + " -> " + run_dir + "/memory.html (memgrad report " + run_dir + ")";
+}
+
 std::string TechniqueOptions::str() const {
   std::string s;
   auto add = [&](const std::string& part) { s += (s.empty() ? "" : " ") + part; };
@@ -157,6 +189,7 @@ nlohmann::json TechniqueOptions::to_json() const {
 TechniqueOptions TechniqueOptions::from_config(const nlohmann::json& config) const {
   TechniqueOptions t;
   t.auto_fit = auto_fit;
+  t.profile = profile;
   if (!config.contains("techniques")) return t;
   try {
     const auto& j = config.at("techniques");

@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,9 @@ struct TechniqueOptions {
   int64_t micro_batch = 0;           // 0: the whole batch
   bool auto_fit = false;
   std::string offload_activations{};  // "" or a device, e.g. cpu:1
+  // --profile: record the second step of this process (the first when only one runs) and write
+  // memory.json and memory.html into the run directory. Not part of the run's settings.
+  bool profile = false;
   // Throws naming the flag when a value is bad; `batch` bounds the micro-batch.
   void validate(int64_t batch, const Device& train_device) const;
   CheckpointPolicy checkpoint_policy() const { return CheckpointPolicy::parse(checkpoint); }
@@ -52,8 +56,24 @@ struct TechniqueOptions {
   // "ckpt=blocks bf16 micro=2 ..." for log lines; "none" when nothing is on.
   std::string str() const;
   nlohmann::json to_json() const;
-  // The run's techniques from config.json (missing: all off); auto_fit is kept from `*this`.
+  // The run's techniques from config.json (missing: all off); auto_fit and profile are kept from `*this`.
   TechniqueOptions from_config(const nlohmann::json& config) const;
+};
+
+// --profile in a training loop: watches the training device (and the offload target), starts
+// before the chosen step, and writes the profile into the run directory after it.
+class StepProfiler {
+ public:
+  StepProfiler(const TechniqueOptions& t, const Device& device, int64_t first_step, int64_t last_step);
+  ~StepProfiler();
+  void before_step(int64_t step);
+  // After the step: when it was the profiled one, writes memory.json / memory.html and returns a
+  // line for the log ("" otherwise).
+  std::string after_step(int64_t step, const std::string& run_dir);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 // Peak allocated bytes per step and over the run, from the allocator's statistics; per category

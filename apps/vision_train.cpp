@@ -287,10 +287,12 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   };
   model.train();
   InterruptGuard interrupt;
+  StepProfiler step_profiler(o.techniques, device, state.step, total_steps);
   int64_t step = state.step;
   while (step < total_steps) {
     if (o.stop_after >= 0 && step >= o.stop_after) break;
     const double lr = sched(step);
+    step_profiler.before_step(step);
     times.start();
     meter.begin_step();
     Batch batch = loader.next_step();  // (N, 3, S, S) images, (N) labels
@@ -305,6 +307,7 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
                     std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
     const int64_t step_peak = meter.end_step();
     const double secs = times.stop();
+    if (std::string line = step_profiler.after_step(step, run.path()); !line.empty()) progress.note(line);
     ++step;
 
     r.last_loss = loss_value;

@@ -171,12 +171,14 @@ for _ in range(args.steps):
     ms.append((time.perf_counter() - t0) * 1e3)
 s = sorted(ms)
 median = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
+# Debian's torch reports BLAS_INFO=generic: it calls libblas.so.3, which the alternatives
+# system points at OpenBLAS only when libopenblas0-openmp is installed (the driver checks).
 blas = "unknown"
-try:
-    cfg = torch.__config__.show()
-    blas = "openblas" if "openblas" in cfg.lower() else ("mkl" if "mkl" in cfg.lower() else "other")
-except Exception:
-    pass
+with open("/proc/self/maps") as f:
+    for line in f:
+        if "libblas" in line or "openblas" in line:
+            blas = line.split()[-1]
+            break
 print(json.dumps({"model": args.model, "impl": "torch", "torch": torch.__version__, "blas": blas,
                   "threads": torch.get_num_threads(), "steps": args.steps, "ms_median": round(median, 3),
                   "ms_min": round(s[0], 3), "step_growth_bytes": growth, "rss_before_bytes": rss_before * 1024,

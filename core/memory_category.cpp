@@ -8,6 +8,7 @@ namespace {
 thread_local MemoryCategory t_category = MemoryCategory::activation;
 thread_local const char* t_op_name = "";
 thread_local std::string t_module_path;
+thread_local StepPhase t_step_phase = StepPhase::none;
 }  // namespace
 
 std::string_view category_name(MemoryCategory c) {
@@ -43,5 +44,18 @@ ModulePathRestoreGuard::ModulePathRestoreGuard(std::string path) : prev_(std::mo
   t_module_path = std::move(path);
 }
 ModulePathRestoreGuard::~ModulePathRestoreGuard() { t_module_path = std::move(prev_); }
+
+std::string_view step_phase_name(StepPhase p) {
+  switch (p) {
+    case StepPhase::none: return "none";
+    case StepPhase::forward: return "forward";
+    case StepPhase::backward: return "backward";
+    case StepPhase::optimizer: return "optimizer";
+  }
+  return "?";
+}
+StepPhase current_step_phase() { return t_step_phase; }
+StepPhaseGuard::StepPhaseGuard(StepPhase p) : prev_(t_step_phase) { t_step_phase = p; }
+StepPhaseGuard::~StepPhaseGuard() { t_step_phase = prev_; }
 
 }  // namespace mg

@@ -81,4 +81,21 @@ class ModulePathRestoreGuard {
   std::string prev_;
 };
 
+// The part of a training step that is running; training loops set it with StepPhaseGuard and
+// the memory profiler records it with every allocation and free.
+enum class StepPhase : uint8_t { none, forward, backward, optimizer };
+std::string_view step_phase_name(StepPhase p);  // "none", "forward", "backward", "optimizer"
+StepPhase current_step_phase();
+
+class StepPhaseGuard {
+ public:
+  explicit StepPhaseGuard(StepPhase p);
+  ~StepPhaseGuard();
+  StepPhaseGuard(const StepPhaseGuard&) = delete;
+  StepPhaseGuard& operator=(const StepPhaseGuard&) = delete;
+
+ private:
+  StepPhase prev_;
+};
+
 }  // namespace mg

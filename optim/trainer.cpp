@@ -16,6 +16,7 @@
 #include "autograd/offload.h"
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/memory_category.h"
 #include "core/rng.h"
 #include "ops/ops.h"
 #include "optim/clip_grad.h"
@@ -68,6 +69,7 @@ void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_l
     const double weight = double(count) / double(batch_size);  // Note [Accumulation weights]
     Tensor loss, scaled;
     {
+      StepPhaseGuard phase(StepPhase::forward);
       AutocastGuard autocast(low, amp);
       std::optional<ActivationOffload> offload;
       if (opt_.offload_activations) offload.emplace(*opt_.offload_activations);
@@ -78,7 +80,10 @@ void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_l
       if (scaler_) scaled = scaler_->scale(scaled);
       if (offload) r.offloaded_bytes += offload->stats().bytes;
     }
-    backward(scaled);
+    {
+      StepPhaseGuard phase(StepPhase::backward);
+      backward(scaled);
+    }
     r.loss += weight * loss.item();
     r.micro_steps += 1;
   }
@@ -124,6 +129,7 @@ StepReport Trainer::step(int64_t batch_size, const MicroLoss& micro_loss) {
   micro_ = m < batch_size || micro_ > 0 ? m : 0;
 
   // The update: unscale (fp16), clip, step (or skip an overflowed fp16 step), drop the gradients.
+  StepPhaseGuard phase(StepPhase::optimizer);
   std::vector<Tensor> params;
   for (const auto& g : optimizer_.param_groups())
     for (const auto& [_, p] : g.params) params.push_back(p);

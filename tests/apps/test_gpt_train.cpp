@@ -184,3 +184,56 @@ TEST_CASE("data tokenize writes a token file through the command line", "[apps]"
   CHECK(f.size() == 11);
   CHECK(f[6] == uint32_t('w'));
 }
+
+TEST_CASE("gpt train with techniques: recorded in config.json, resumed exactly, profiled on request", "[apps]") {
+  DataTempDir tmp("gpt_techniques");
+  const std::string data = write_tiny_token_file(tmp);
+  auto with_techniques = [&](const std::string& out) {
+    GptTrainOptions o = tiny_options(data, out);
+    o.model->n_layer = 2;
+    o.model->dropout = 0.0;  // micro-batches draw their masks in another order than the whole batch
+    o.techniques.checkpoint = "blocks";
+    o.techniques.micro_batch = 2;
+    o.techniques.offload_activations = "cpu:1";
+    return o;
+  };
+  GptTrainOptions plain_opts = tiny_options(data, tmp.file("plain"));
+  plain_opts.model->n_layer = 2;
+  plain_opts.model->dropout = 0.0;
+  GptTrainResult plain = gpt_train(plain_opts);
+  GptTrainResult full = gpt_train(with_techniques(tmp.file("full")));
+  CHECK(full.micro_batch == 2);
+  CHECK(std::isfinite(full.last_loss));
+  // Checkpointing and offload change nothing of the math; accumulation only rounding.
+  CHECK(full.last_loss == Approx(plain.last_loss).epsilon(1e-4));
+  CHECK(full.memory.category[size_t(MemoryCategory::activation)] <
+        plain.memory.category[size_t(MemoryCategory::activation)]);
+
+  GptTrainOptions first = with_techniques(tmp.file("split"));
+  first.stop_after = 4;
+  gpt_train(first);
+  GptTrainOptions resume;
+  resume.resume = tmp.file("split");
+  resume.progress = ProgressStyle::none;
+  resume.techniques.profile = true;
+  GptTrainResult rest = gpt_train(resume);  // the run's own techniques come from its config.json
+  CHECK(rest.micro_batch == 2);
+  CHECK(metrics_column(tmp.file("split"), "loss") == metrics_column(tmp.file("full"), "loss"));
+  CHECK(fs::exists(tmp.file("split") + "/memory.json"));
+  CHECK(fs::exists(tmp.file("split") + "/memory.html"));
+
+  GptTrainOptions again;
+  again.resume = tmp.file("split");
+  again.techniques.checkpoint = "sqrt";
+  CHECK_NOTHROW(again.techniques.validate(4, kCPU));
+  GptTrainOptions bad = tiny_options(data, tmp.file("bad"));
+  bad.techniques.micro_batch = 5;
+  CHECK_THROWS_WITH(gpt_train(bad), Catch::Contains("--micro-batch (5) cannot exceed --batch (4)"));
+  bad.techniques.micro_batch = 0;
+  bad.techniques.checkpoint = "layers";
+  CHECK_THROWS_WITH(gpt_train(bad), Catch::Contains("unknown policy 'layers'"));
+  bad.techniques.checkpoint = "none";
+  bad.techniques.offload_activations = "cpu:0";
+  CHECK_THROWS_WITH(gpt_train(bad), Catch::Contains("needs another device"));
+  CHECK_FALSE(fs::exists(tmp.file("bad")));  // a bad flag leaves nothing behind
+}

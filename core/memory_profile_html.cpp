@@ -1,0 +1,146 @@
+// memory.html: a self-contained page (no network, no external scripts or fonts) with, per device,
+// an SVG stacked-area timeline of allocated bytes by category written here as static markup, the
+// peak marked with its numbers, and a table of the tensors alive at the peak.
+#include <algorithm>
+#include <cstdio>
+#include <sstream>
+
+#include "core/memory_profiler.h"
+
+namespace mg {
+namespace {
+const char* kColors[kNumMemoryCategories] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
+                                             "#59a14f", "#edc948", "#b07aa1"};
+
+std::string esc(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    if (c == '<') o += "&lt;";
+    else if (c == '>') o += "&gt;";
+    else if (c == '&') o += "&amp;";
+    else if (c == '"') o += "&quot;";
+    else o += c;
+  }
+  return o;
+}
+
+std::string num(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.1f", v);
+  return b;
+}
+
+// At most ~max_points points, keeping in each bucket the one with the largest total (so the peak
+// is always drawn).
+std::vector<MemoryProfiler::Point> downsample(const std::vector<MemoryProfiler::Point>& tl, size_t max_points) {
+  if (tl.size() <= max_points) return tl;
+  std::vector<MemoryProfiler::Point> out;
+  size_t per = (tl.size() + max_points - 1) / max_points;
+  for (size_t i = 0; i < tl.size(); i += per) {
+    size_t best = i;
+    int64_t best_total = -1;
+    for (size_t j = i; j < std::min(tl.size(), i + per); ++j) {
+      int64_t t = 0;
+      for (int64_t b : tl[j].bytes) t += b;
+      if (t > best_total) best_total = t, best = j;
+    }
+    out.push_back(tl[best]);
+  }
+  out.push_back(tl.back());
+  return out;
+}
+
+void device_section(std::ostringstream& h, const MemoryProfiler& p, const DeviceMemoryProfile& d) {
+  const std::vector<MemoryProfiler::Point> tl = downsample(p.timeline(d.device), 1500);
+  const double W = 960, H = 320, L = 70, R = 10, T = 20, B = 30;
+  double t_end = std::max(1.0, tl.back().t_us);
+  double y_max = double(std::max<int64_t>(1, d.peak_bytes));
+  auto X = [&](double t) { return L + (W - L - R) * t / t_end; };
+  auto Y = [&](double b) { return T + (H - T - B) * (1.0 - b / y_max); };
+  h << "<section class=\"device\" data-device=\"" << esc(d.device.str()) << "\">\n<h2>" << esc(d.device.str())
+    << "</h2>\n";
+  h << "<p class=\"peak-summary\" data-peak-bytes=\"" << d.peak_bytes << "\">Peak allocated: <b>"
+    << esc(format_bytes(d.peak_bytes)) << "</b> (<span class=\"peak-bytes\">" << d.peak_bytes
+    << "</span> bytes) at " << num(d.peak_t_us / 1000.0) << " ms, in the <b class=\"peak-phase\">"
+    << step_phase_name(d.peak_phase) << "</b> phase; " << d.num_events << " events.</p>\n";
+  h << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 "
+    << W << " " << H << "\" class=\"timeline\">\n";
+  h << "<rect x=\"" << L << "\" y=\"" << T << "\" width=\"" << W - L - R << "\" height=\"" << H - T - B
+    << "\" fill=\"#fafafa\" stroke=\"#ccc\"/>\n";
+  // Stacked areas, bottom category first; a step-shaped outline (bytes hold until the next event).
+  std::vector<int64_t> lower(tl.size(), 0);
+  for (MemoryCategory c : kAllMemoryCategories) {
+    std::vector<int64_t> upper(tl.size());
+    bool any = false;
+    for (size_t i = 0; i < tl.size(); ++i) {
+      upper[i] = lower[i] + tl[i].bytes[size_t(c)];
+      any = any || tl[i].bytes[size_t(c)] != 0;
+    }
+    if (any) {
+      std::ostringstream pts;
+      for (size_t i = 0; i < tl.size(); ++i) {
+        double x1 = X(tl[i].t_us), x2 = i + 1 < tl.size() ? X(tl[i + 1].t_us) : X(t_end);
+        pts << num(x1) << "," << num(Y(double(upper[i]))) << " " << num(x2) << "," << num(Y(double(upper[i]))) << " ";
+      }
+      for (size_t k = tl.size(); k-- > 0;) {
+        double x1 = X(tl[k].t_us), x2 = k + 1 < tl.size() ? X(tl[k + 1].t_us) : X(t_end);
+        pts << num(x2) << "," << num(Y(double(lower[k]))) << " " << num(x1) << "," << num(Y(double(lower[k]))) << " ";
+      }
+      h << "<polygon class=\"area\" data-category=\"" << category_name(c) << "\" fill=\"" << kColors[size_t(c)]
+        << "\" fill-opacity=\"0.85\" points=\"" << pts.str() << "\"><title>" << category_name(c)
+        << "</title></polygon>\n";
+    }
+    lower = upper;
+  }
+  // Axes labels and the peak marker.
+  h << "<text x=\"" << L - 4 << "\" y=\"" << T + 10 << "\" text-anchor=\"end\" font-size=\"11\">"
+    << esc(format_bytes(d.peak_bytes)) << "</text>\n<text x=\"" << L - 4 << "\" y=\"" << H - B
+    << "\" text-anchor=\"end\" font-size=\"11\">0</text>\n<text x=\"" << W - R << "\" y=\"" << H - 8
+    << "\" text-anchor=\"end\" font-size=\"11\">" << num(t_end / 1000.0) << " ms</text>\n";
+  double px = X(d.peak_t_us);
+  h << "<line class=\"peak\" x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << T << "\" y2=\"" << H - B
+    << "\" stroke=\"#000\" stroke-dasharray=\"4 3\"/>\n";
+  h << "<text class=\"peak-label\" data-peak-bytes=\"" << d.peak_bytes << "\" x=\"" << num(std::min(px + 4, W - 260))
+    << "\" y=\"" << T + 14 << "\" font-size=\"12\">peak " << esc(format_bytes(d.peak_bytes)) << " (" << d.peak_bytes
+    << " B), " << step_phase_name(d.peak_phase) << "</text>\n</svg>\n";
+  // Legend with the bytes per category at the peak and each category's own peak.
+  h << "<table class=\"categories\"><tr><th></th><th>category</th><th>at peak</th><th>own peak</th></tr>\n";
+  for (MemoryCategory c : kAllMemoryCategories)
+    h << "<tr><td style=\"background:" << kColors[size_t(c)] << ";width:1em\"></td><td>" << category_name(c)
+      << "</td><td data-bytes=\"" << d.at_peak[size_t(c)] << "\">" << esc(format_bytes(d.at_peak[size_t(c)]))
+      << "</td><td>" << esc(format_bytes(d.category_peak[size_t(c)])) << "</td></tr>\n";
+  h << "</table>\n";
+  // Tensors alive at the peak.
+  const size_t shown = std::min<size_t>(d.live_at_peak.size(), 500);
+  h << "<h3>Tensors alive at the peak (" << d.live_at_peak.size() << ")</h3>\n<table class=\"live\"><tr><th>size</th>"
+       "<th>bytes</th><th>category</th><th>op</th><th>module</th><th>allocated in</th></tr>\n";
+  for (size_t i = 0; i < shown; ++i) {
+    const LiveTensor& t = d.live_at_peak[i];
+    h << "<tr><td>" << esc(format_bytes(t.bytes)) << "</td><td>" << t.bytes << "</td><td>" << category_name(t.category)
+      << "</td><td>" << esc(t.op) << "</td><td>" << esc(t.module) << "</td><td>" << step_phase_name(t.phase)
+      << "</td></tr>\n";
+  }
+  if (shown < d.live_at_peak.size()) {
+    int64_t rest = 0;
+    for (size_t i = shown; i < d.live_at_peak.size(); ++i) rest += d.live_at_peak[i].bytes;
+    h << "<tr><td colspan=\"6\">and " << d.live_at_peak.size() - shown << " smaller ones, " << esc(format_bytes(rest))
+      << "</td></tr>\n";
+  }
+  h << "</table>\n</section>\n";
+}
+}  // namespace
+
+std::string memory_profile_html(const MemoryProfiler& p, const MemoryProfileSummary& s) {
+  std::ostringstream h;
+  h << "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>memgrad memory profile</title>\n"
+       "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0}"
+       "td,th{border:1px solid #ddd;padding:2px 8px;font-size:13px;text-align:left}</style></head><body>\n"
+       "<h1>Memory profile</h1>\n";
+  for (const DeviceMemoryProfile& d : s.devices) device_section(h, p, d);
+  // Marks the page as rendered by a browser (the headless test reads these attributes back).
+  h << "<script>document.body.setAttribute('data-rendered-areas',"
+       "String(document.querySelectorAll('svg.timeline polygon.area').length));</script>\n</body></html>\n";
+  return h.str();
+}
+
+}  // namespace mg

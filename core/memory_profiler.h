@@ -1,0 +1,108 @@
+// The memory profiler: while active it records every allocation and free on the devices it
+// watches (through the caching allocator's observer hook) with category, op, module path and
+// step phase, computes the peak and what was alive then, and writes memory.json (Chrome
+// trace-event format, read back by `memgrad report`) and memory.html (core/memory_profile_html.cpp).
+#pragma once
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/memory_category.h"
+
+namespace mg {
+
+struct ProfileEvent {
+  MemoryEvent::Kind kind;
+  Device device;
+  uint64_t block_id;
+  int64_t bytes;  // rounded block size
+  MemoryCategory category;
+  const char* op;      // string literal ("" outside any op)
+  uint32_t module;     // index into MemoryProfiler::modules()
+  StepPhase phase;
+  double t_us;              // microseconds since start()
+  int64_t allocated_after;  // device's allocated bytes after the event (allocator's count)
+};
+
+struct LiveTensor {
+  uint64_t block_id = 0;
+  int64_t bytes = 0;
+  MemoryCategory category = MemoryCategory::other;
+  std::string op;
+  std::string module;  // "" at top level; "(before profiling)" for blocks that predate start()
+  StepPhase phase = StepPhase::none;
+};
+
+struct DeviceMemoryProfile {
+  Device device;
+  int64_t start_bytes = 0;  // allocated when profiling started
+  int64_t peak_bytes = 0;   // highest allocated while profiling (equals the allocator's peak)
+  double peak_t_us = 0;
+  StepPhase peak_phase = StepPhase::none;
+  int64_t peak_event = -1;  // index in events() of the peak; -1 = the peak is the start
+  std::array<int64_t, kNumMemoryCategories> at_peak{};        // bytes per category at the peak
+  std::array<int64_t, kNumMemoryCategories> category_peak{};  // each category's own peak
+  std::vector<LiveTensor> live_at_peak;                        // largest first
+  int64_t num_events = 0;
+};
+
+struct MemoryProfileSummary {
+  std::vector<DeviceMemoryProfile> devices;
+  const DeviceMemoryProfile& device(Device d) const;  // throws when d was not watched
+};
+
+class MemoryProfiler : public AllocatorObserver {
+ public:
+  explicit MemoryProfiler(std::vector<Device> devices);
+  ~MemoryProfiler() override;
+  MemoryProfiler(const MemoryProfiler&) = delete;
+  MemoryProfiler& operator=(const MemoryProfiler&) = delete;
+
+  // start() clears earlier events, snapshots the live blocks and begins recording.
+  void start();
+  void stop();
+  bool active() const { return active_; }
+
+  const std::vector<ProfileEvent>& events() const { return events_; }
+  const std::vector<std::string>& modules() const { return modules_; }
+  const std::vector<Device>& devices() const { return devices_; }
+  MemoryProfileSummary summary() const;
+
+  // Writes memory.json and memory.html into dir (created if missing); call after stop().
+  void write(const std::string& dir) const;
+  std::string trace_json() const;  // memory.json's text
+  std::string html() const;        // memory.html's text
+
+  void on_event(const MemoryEvent& e) override;
+
+  // Bytes per category over time, one point per event (the start point first), for writers.
+  struct Point {
+    double t_us;
+    std::array<int64_t, kNumMemoryCategories> bytes;
+    StepPhase phase;
+  };
+  std::vector<Point> timeline(Device d) const;
+
+ private:
+  std::vector<Device> devices_;
+  bool active_ = false;
+  int64_t t0_ns_ = 0;
+  mutable std::mutex mu_;
+  std::vector<ProfileEvent> events_;
+  std::vector<std::string> modules_;
+  std::unordered_map<std::string, uint32_t> module_index_;
+  std::vector<std::vector<LiveBlockInfo>> start_blocks_;  // per watched device
+  std::vector<int64_t> start_allocated_;
+  double stop_t_us_ = 0;
+  int device_slot(Device d) const;  // -1 when not watched
+};
+
+// memory.html for a profile (core/memory_profile_html.cpp).
+std::string memory_profile_html(const MemoryProfiler& p, const MemoryProfileSummary& s);
+
+}  // namespace mg
