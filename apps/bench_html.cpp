@@ -8,35 +8,11 @@
 
 #include "apps/bench.h"
 #include "core/error.h"
+#include "core/html.h"
 
 namespace mg {
 
 namespace {
-
-const char* category_color(MemoryCategory c) {
-  switch (c) {
-    case MemoryCategory::parameter: return "#4e79a7";
-    case MemoryCategory::gradient: return "#f28e2b";
-    case MemoryCategory::optimizer_state: return "#e15759";
-    case MemoryCategory::activation: return "#76b7b2";
-    case MemoryCategory::workspace: return "#59a14f";
-    case MemoryCategory::input: return "#edc948";
-    case MemoryCategory::other: return "#b07aa1";
-  }
-  return "#999";
-}
-
-std::string escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    if (ch == '<') o += "&lt;";
-    else if (ch == '>') o += "&gt;";
-    else if (ch == '&') o += "&amp;";
-    else if (ch == '"') o += "&quot;";
-    else o += ch;
-  }
-  return o;
-}
 
 std::string fmt(const char* f, double v) {
   char b[64];
@@ -65,7 +41,7 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const BenchRow& row = r.rows[i];
     const double y = kTop + kRowH * double(i);
-    svg << "<text x=\"4\" y=\"" << y + 15 << "\">" << escape(row.name) << "</text>\n";
+    svg << "<text x=\"4\" y=\"" << y + 15 << "\">" << html_escape(row.name) << "</text>\n";
     double x = kLabelW;
     for (MemoryCategory c : kAllMemoryCategories) {
       const double bytes = double(row.memory.category[size_t(c)]);
@@ -73,7 +49,7 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
       const double w = kMemW * bytes / max_mem;
       svg << "<rect class=\"mem\" data-category=\"" << category_name(c) << "\" data-bytes=\"" << int64_t(bytes)
           << "\" x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << kRowH - 6 << "\" fill=\""
-          << category_color(c) << "\"><title>" << escape(row.name) << ": " << category_name(c) << " "
+          << category_color(c) << "\"><title>" << html_escape(row.name) << ": " << category_name(c) << " "
           << fmt("%.2f", bytes / 1048576.0) << " MiB</title></rect>\n";
       x += w;
     }
@@ -103,12 +79,12 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
 
   std::ofstream f(path + ".tmp");
   MG_CHECK(f.good(), "bench: cannot write '", path, "'");
-  f << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>memgrad bench: " << escape(r.model)
+  f << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>memgrad bench: " << html_escape(r.model)
     << "</title>\n<style>body{font-family:sans-serif;margin:20px}pre{font-size:12px}</style></head><body>\n"
-    << "<h1>memgrad bench: " << escape(r.model) << "</h1>\n<p>batch " << r.batch << ", " << r.steps
+    << "<h1>memgrad bench: " << html_escape(r.model) << "</h1>\n<p>batch " << r.batch << ", " << r.steps
     << " steps per combination, each in a fresh state on the same data; memory is the allocator's peak allocated "
        "bytes over the steps after the first.</p>\n"
-    << svg.str() << "<pre id=\"bench-table\">" << escape(r.table()) << "</pre>\n</body></html>\n";
+    << svg.str() << "<pre id=\"bench-table\">" << html_escape(r.table()) << "</pre>\n</body></html>\n";
   f.close();
   MG_CHECK(f.good(), "bench: writing '", path, "' failed");
   std::filesystem::rename(path + ".tmp", path);

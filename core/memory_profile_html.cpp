@@ -5,25 +5,11 @@
 #include <cstdio>
 #include <sstream>
 
+#include "core/html.h"
 #include "core/memory_profiler.h"
 
 namespace mg {
 namespace {
-const char* kColors[kNumMemoryCategories] = {"#4e79a7", "#f28e2b", "#e15759", "#76b7b2",
-                                             "#59a14f", "#edc948", "#b07aa1"};
-
-std::string esc(const std::string& s) {
-  std::string o;
-  for (char c : s) {
-    if (c == '<') o += "&lt;";
-    else if (c == '>') o += "&gt;";
-    else if (c == '&') o += "&amp;";
-    else if (c == '"') o += "&quot;";
-    else o += c;
-  }
-  return o;
-}
-
 std::string num(double v) {
   char b[32];
   std::snprintf(b, sizeof b, "%.1f", v);
@@ -57,10 +43,10 @@ void device_section(std::ostringstream& h, const MemoryProfiler& p, const Device
   double y_max = double(std::max<int64_t>(1, d.peak_bytes));
   auto X = [&](double t) { return L + (W - L - R) * t / t_end; };
   auto Y = [&](double b) { return T + (H - T - B) * (1.0 - b / y_max); };
-  h << "<section class=\"device\" data-device=\"" << esc(d.device.str()) << "\">\n<h2>" << esc(d.device.str())
+  h << "<section class=\"device\" data-device=\"" << html_escape(d.device.str()) << "\">\n<h2>" << html_escape(d.device.str())
     << "</h2>\n";
   h << "<p class=\"peak-summary\" data-peak-bytes=\"" << d.peak_bytes << "\">Peak allocated: <b>"
-    << esc(format_bytes(d.peak_bytes)) << "</b> (<span class=\"peak-bytes\">" << d.peak_bytes
+    << html_escape(format_bytes(d.peak_bytes)) << "</b> (<span class=\"peak-bytes\">" << d.peak_bytes
     << "</span> bytes) at " << num(d.peak_t_us / 1000.0) << " ms, in the <b class=\"peak-phase\">"
     << step_phase_name(d.peak_phase) << "</b> phase; " << d.num_events << " events.</p>\n";
   h << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << W << "\" height=\"" << H << "\" viewBox=\"0 0 "
@@ -86,7 +72,7 @@ void device_section(std::ostringstream& h, const MemoryProfiler& p, const Device
         double x1 = X(tl[k].t_us), x2 = k + 1 < tl.size() ? X(tl[k + 1].t_us) : X(t_end);
         pts << num(x2) << "," << num(Y(double(lower[k]))) << " " << num(x1) << "," << num(Y(double(lower[k]))) << " ";
       }
-      h << "<polygon class=\"area\" data-category=\"" << category_name(c) << "\" fill=\"" << kColors[size_t(c)]
+      h << "<polygon class=\"area\" data-category=\"" << category_name(c) << "\" fill=\"" << category_color(c)
         << "\" fill-opacity=\"0.85\" points=\"" << pts.str() << "\"><title>" << category_name(c)
         << "</title></polygon>\n";
     }
@@ -94,21 +80,21 @@ void device_section(std::ostringstream& h, const MemoryProfiler& p, const Device
   }
   // Axes labels and the peak marker.
   h << "<text x=\"" << L - 4 << "\" y=\"" << T + 10 << "\" text-anchor=\"end\" font-size=\"11\">"
-    << esc(format_bytes(d.peak_bytes)) << "</text>\n<text x=\"" << L - 4 << "\" y=\"" << H - B
+    << html_escape(format_bytes(d.peak_bytes)) << "</text>\n<text x=\"" << L - 4 << "\" y=\"" << H - B
     << "\" text-anchor=\"end\" font-size=\"11\">0</text>\n<text x=\"" << W - R << "\" y=\"" << H - 8
     << "\" text-anchor=\"end\" font-size=\"11\">" << num(t_end / 1000.0) << " ms</text>\n";
   double px = X(d.peak_t_us);
   h << "<line class=\"peak\" x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << T << "\" y2=\"" << H - B
     << "\" stroke=\"#000\" stroke-dasharray=\"4 3\"/>\n";
   h << "<text class=\"peak-label\" data-peak-bytes=\"" << d.peak_bytes << "\" x=\"" << num(std::min(px + 4, W - 260))
-    << "\" y=\"" << T + 14 << "\" font-size=\"12\">peak " << esc(format_bytes(d.peak_bytes)) << " (" << d.peak_bytes
+    << "\" y=\"" << T + 14 << "\" font-size=\"12\">peak " << html_escape(format_bytes(d.peak_bytes)) << " (" << d.peak_bytes
     << " B), " << step_phase_name(d.peak_phase) << "</text>\n</svg>\n";
   // Legend with the bytes per category at the peak and each category's own peak.
   h << "<table class=\"categories\"><tr><th></th><th>category</th><th>at peak</th><th>own peak</th></tr>\n";
   for (MemoryCategory c : kAllMemoryCategories)
-    h << "<tr><td style=\"background:" << kColors[size_t(c)] << ";width:1em\"></td><td>" << category_name(c)
-      << "</td><td data-bytes=\"" << d.at_peak[size_t(c)] << "\">" << esc(format_bytes(d.at_peak[size_t(c)]))
-      << "</td><td>" << esc(format_bytes(d.category_peak[size_t(c)])) << "</td></tr>\n";
+    h << "<tr><td style=\"background:" << category_color(c) << ";width:1em\"></td><td>" << category_name(c)
+      << "</td><td data-bytes=\"" << d.at_peak[size_t(c)] << "\">" << html_escape(format_bytes(d.at_peak[size_t(c)]))
+      << "</td><td>" << html_escape(format_bytes(d.category_peak[size_t(c)])) << "</td></tr>\n";
   h << "</table>\n";
   // Tensors alive at the peak.
   const size_t shown = std::min<size_t>(d.live_at_peak.size(), 500);
@@ -116,14 +102,14 @@ void device_section(std::ostringstream& h, const MemoryProfiler& p, const Device
        "<th>bytes</th><th>category</th><th>op</th><th>module</th><th>allocated in</th></tr>\n";
   for (size_t i = 0; i < shown; ++i) {
     const LiveTensor& t = d.live_at_peak[i];
-    h << "<tr><td>" << esc(format_bytes(t.bytes)) << "</td><td>" << t.bytes << "</td><td>" << category_name(t.category)
-      << "</td><td>" << esc(t.op) << "</td><td>" << esc(t.module) << "</td><td>" << step_phase_name(t.phase)
+    h << "<tr><td>" << html_escape(format_bytes(t.bytes)) << "</td><td>" << t.bytes << "</td><td>" << category_name(t.category)
+      << "</td><td>" << html_escape(t.op) << "</td><td>" << html_escape(t.module) << "</td><td>" << step_phase_name(t.phase)
       << "</td></tr>\n";
   }
   if (shown < d.live_at_peak.size()) {
     int64_t rest = 0;
     for (size_t i = shown; i < d.live_at_peak.size(); ++i) rest += d.live_at_peak[i].bytes;
-    h << "<tr><td colspan=\"6\">and " << d.live_at_peak.size() - shown << " smaller ones, " << esc(format_bytes(rest))
+    h << "<tr><td colspan=\"6\">and " << d.live_at_peak.size() - shown << " smaller ones, " << html_escape(format_bytes(rest))
       << "</td></tr>\n";
   }
   h << "</table>\n</section>\n";
