@@ -73,7 +73,7 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
   for (MemoryCategory c : kAllMemoryCategories) {
     svg << "<rect x=\"" << lx << "\" y=\"" << axis_y + 30 << "\" width=\"10\" height=\"10\" fill=\"" << category_color(c)
         << "\"/><text x=\"" << lx + 13 << "\" y=\"" << axis_y + 39 << "\">" << category_name(c) << "</text>\n";
-    lx += 95;
+    lx += 30 + 7.0 * double(category_name(c).size());  // ~7 px per character at this font size
   }
   svg << "</svg>\n";
 

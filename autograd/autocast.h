@@ -10,8 +10,11 @@ namespace mg {
 // Note [Autocast]: with autocast on, ops of the "low" list (matmul, linear, conv2d,
 // scaled_dot_product_attention) cast their f32 (and other-16-bit) floating inputs to
 // `dtype` and compute in it (the CPU accumulates in f32, rounding on store); ops of the "f32"
-// list (softmax, log_softmax, layer_norm, batch_norm, cross_entropy, mse_loss, sum, mean, var)
-// cast 16-bit inputs up to f32. Every cast is the differentiable mg::cast, so an f32 parameter
+// list (softmax, log_softmax, layer_norm, cross_entropy, mse_loss, sum, mean, var) cast 16-bit
+// inputs up to f32. batch_norm is mixed, as cuDNN's: it keeps a 16-bit input's dtype, computes
+// its statistics and normalisation in f32 inside, and takes f32 weight and bias (16-bit ones
+// are cast up), so a conv -> batch_norm -> relu6 chain runs without a single cast and saves
+// 16-bit activations. Every cast is the differentiable mg::cast, so an f32 parameter
 // used under autocast still gets an f32 gradient. f64 inputs are never touched. The engine turns
 // autocast off while backward runs: backward functions see exactly the dtypes forward saved.
 struct AutocastState {

@@ -1,6 +1,8 @@
 // Thread-local allocation tags: category, op name and module path.
 #include "core/memory_category.h"
 
+#include <atomic>
+#include <mutex>
 #include <utility>
 
 namespace mg {
@@ -55,7 +57,29 @@ std::string_view step_phase_name(StepPhase p) {
   return "?";
 }
 StepPhase current_step_phase() { return t_step_phase; }
-StepPhaseGuard::StepPhaseGuard(StepPhase p) : prev_(t_step_phase) { t_step_phase = p; }
-StepPhaseGuard::~StepPhaseGuard() { t_step_phase = prev_; }
+namespace {
+std::mutex g_phase_listener_mu;
+StepPhaseListener g_phase_listener = nullptr;
+void* g_phase_listener_context = nullptr;
+std::atomic<bool> g_has_phase_listener{false};
+
+void set_phase(StepPhase p) {
+  const bool changed = t_step_phase != p;
+  t_step_phase = p;
+  if (!changed || !g_has_phase_listener.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lk(g_phase_listener_mu);
+  if (g_phase_listener) g_phase_listener(g_phase_listener_context, p);
+}
+}  // namespace
+
+void set_step_phase_listener(StepPhaseListener fn, void* context) {
+  std::lock_guard<std::mutex> lk(g_phase_listener_mu);
+  g_phase_listener = fn;
+  g_phase_listener_context = context;
+  g_has_phase_listener.store(fn != nullptr);
+}
+
+StepPhaseGuard::StepPhaseGuard(StepPhase p) : prev_(t_step_phase) { set_phase(p); }
+StepPhaseGuard::~StepPhaseGuard() { set_phase(prev_); }
 
 }  // namespace mg

@@ -87,6 +87,12 @@ enum class StepPhase : uint8_t { none, forward, backward, optimizer };
 std::string_view step_phase_name(StepPhase p);  // "none", "forward", "backward", "optimizer"
 StepPhase current_step_phase();
 
+// One process-wide listener (the memory profiler while it records) is told every phase change,
+// so phase spans have their real start and end even when no allocation happens in them. A
+// listener is called on the thread that changed its phase; nullptr removes it.
+using StepPhaseListener = void (*)(void* context, StepPhase now);
+void set_step_phase_listener(StepPhaseListener fn, void* context);
+
 class StepPhaseGuard {
  public:
   explicit StepPhaseGuard(StepPhase p);

@@ -36,10 +36,20 @@ std::vector<MemoryProfiler::Point> downsample(const std::vector<MemoryProfiler::
   return out;
 }
 
+const char* phase_color(StepPhase p) {
+  switch (p) {
+    case StepPhase::forward: return "#9ecae1";
+    case StepPhase::backward: return "#fdae6b";
+    case StepPhase::optimizer: return "#a1d99b";
+    default: return "#ddd";
+  }
+}
+
 void device_section(std::ostringstream& h, const MemoryProfiler& p, const DeviceMemoryProfile& d) {
   const std::vector<MemoryProfiler::Point> tl = downsample(p.timeline(d.device), 1500);
-  const double W = 960, H = 320, L = 70, R = 10, T = 20, B = 30;
-  double t_end = std::max(1.0, tl.back().t_us);
+  const double W = 960, H = 330, L = 70, R = 10, T = 20, B = 40;
+  const std::vector<MemoryProfiler::PhaseSpan> spans = p.phase_spans();
+  double t_end = std::max({1.0, tl.back().t_us, spans.empty() ? 0.0 : spans.back().end_us});
   double y_max = double(std::max<int64_t>(1, d.peak_bytes));
   auto X = [&](double t) { return L + (W - L - R) * t / t_end; };
   auto Y = [&](double b) { return T + (H - T - B) * (1.0 - b / y_max); };
@@ -78,10 +88,22 @@ void device_section(std::ostringstream& h, const MemoryProfiler& p, const Device
     }
     lower = upper;
   }
+  // The step phases as a strip under the plot: forward, backward (where saved activations are
+  // freed) and optimizer (where the gradients are dropped).
+  for (const MemoryProfiler::PhaseSpan& sp : spans) {
+    const double x1 = X(sp.begin_us), x2 = X(sp.end_us);
+    h << "<rect class=\"phase\" data-phase=\"" << step_phase_name(sp.phase) << "\" x=\"" << num(x1) << "\" y=\""
+      << H - B + 3 << "\" width=\"" << num(std::max(0.5, x2 - x1)) << "\" height=\"9\" fill=\"" << phase_color(sp.phase)
+      << "\"><title>" << step_phase_name(sp.phase) << ": " << num(sp.begin_us / 1000.0) << " to "
+      << num(sp.end_us / 1000.0) << " ms</title></rect>\n";
+    if (x2 - x1 > 60)
+      h << "<text x=\"" << num((x1 + x2) / 2) << "\" y=\"" << H - B + 21 << "\" text-anchor=\"middle\" font-size=\"11\">"
+        << step_phase_name(sp.phase) << "</text>\n";
+  }
   // Axes labels and the peak marker.
   h << "<text x=\"" << L - 4 << "\" y=\"" << T + 10 << "\" text-anchor=\"end\" font-size=\"11\">"
     << html_escape(format_bytes(d.peak_bytes)) << "</text>\n<text x=\"" << L - 4 << "\" y=\"" << H - B
-    << "\" text-anchor=\"end\" font-size=\"11\">0</text>\n<text x=\"" << W - R << "\" y=\"" << H - 8
+    << "\" text-anchor=\"end\" font-size=\"11\">0</text>\n<text x=\"" << W - R << "\" y=\"" << H - 4
     << "\" text-anchor=\"end\" font-size=\"11\">" << num(t_end / 1000.0) << " ms</text>\n";
   double px = X(d.peak_t_us);
   h << "<line class=\"peak\" x1=\"" << num(px) << "\" x2=\"" << num(px) << "\" y1=\"" << T << "\" y2=\"" << H - B

@@ -33,8 +33,23 @@ MemoryProfiler::MemoryProfiler(std::vector<Device> devices) : devices_(std::move
   MG_CHECK(!devices_.empty(), "MemoryProfiler needs at least one device to watch");
 }
 
-MemoryProfiler::~MemoryProfiler() {
-  if (active_) remove_allocator_observer(this);
+MemoryProfiler::~MemoryProfiler() { stop(); }
+
+void MemoryProfiler::on_phase(void* self, StepPhase now) {
+  auto* p = static_cast<MemoryProfiler*>(self);
+  std::lock_guard<std::mutex> lk(p->mu_);
+  p->phase_marks_.push_back({double(now_ns() - p->t0_ns_) / 1000.0, now});
+}
+
+std::vector<MemoryProfiler::PhaseSpan> MemoryProfiler::phase_spans() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  std::vector<PhaseSpan> out;
+  const double end = active_ ? double(now_ns() - t0_ns_) / 1000.0 : stop_t_us_;
+  for (size_t i = 0; i < phase_marks_.size(); ++i) {
+    const double b = phase_marks_[i].first, e = i + 1 < phase_marks_.size() ? phase_marks_[i + 1].first : end;
+    if (phase_marks_[i].second != StepPhase::none && e > b) out.push_back({phase_marks_[i].second, b, e});
+  }
+  return out;
 }
 
 int MemoryProfiler::device_slot(Device d) const {
@@ -60,14 +75,17 @@ void MemoryProfiler::start() {
       start_allocated_.push_back(a.stats().allocated.current);
     }
     t0_ns_ = now_ns();
+    phase_marks_.assign(1, {0.0, current_step_phase()});
   }
   add_allocator_observer(this);
+  set_step_phase_listener(&MemoryProfiler::on_phase, this);
   active_ = true;
 }
 
 void MemoryProfiler::stop() {
   if (!active_) return;
   remove_allocator_observer(this);
+  set_step_phase_listener(nullptr, nullptr);
   active_ = false;
   std::lock_guard<std::mutex> lk(mu_);
   stop_t_us_ = double(now_ns() - t0_ns_) / 1000.0;
@@ -196,17 +214,10 @@ std::string MemoryProfiler::trace_json() const {
         ev.push_back({{"name", std::string(category_name(c))}, {"ph", "C"}, {"pid", pid}, {"tid", 0},
                       {"ts", tl[i].t_us}, {"args", {{"bytes", tl[i].bytes[size_t(c)]}}}});
     }
-    // Step phases as complete events ("X") over the spans where allocations carried them.
-    size_t i = 1;
-    while (i < tl.size()) {
-      size_t j = i;
-      while (j + 1 < tl.size() && tl[j + 1].phase == tl[i].phase) ++j;
-      double end = j + 1 < tl.size() ? tl[j + 1].t_us : std::max(tl[j].t_us, stop_t_us_);
-      if (tl[i].phase != StepPhase::none)
-        ev.push_back({{"name", std::string(step_phase_name(tl[i].phase))}, {"cat", "phase"}, {"ph", "X"},
-                      {"pid", pid}, {"tid", 1}, {"ts", tl[i].t_us}, {"dur", std::max(0.0, end - tl[i].t_us)}});
-      i = j + 1;
-    }
+    // Step phases as complete events ("X"), from the recorded phase changes.
+    for (const PhaseSpan& sp : phase_spans())
+      ev.push_back({{"name", std::string(step_phase_name(sp.phase))}, {"cat", "phase"}, {"ph", "X"}, {"pid", pid},
+                    {"tid", 1}, {"ts", sp.begin_us}, {"dur", sp.end_us - sp.begin_us}});
     const DeviceMemoryProfile& p = s.devices[slot];
     ev.push_back({{"name", "peak " + format_bytes(p.peak_bytes)}, {"ph", "i"}, {"s", "p"}, {"pid", pid},
                   {"tid", 0}, {"ts", p.peak_t_us},

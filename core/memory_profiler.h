@@ -88,7 +88,16 @@ class MemoryProfiler : public AllocatorObserver {
   };
   std::vector<Point> timeline(Device d) const;
 
+  // The step phases while recording, from the phase changes themselves (StepPhaseGuard): one
+  // span per change, none-phase spans left out, the last one ending at stop().
+  struct PhaseSpan {
+    StepPhase phase;
+    double begin_us, end_us;
+  };
+  std::vector<PhaseSpan> phase_spans() const;
+
  private:
+  static void on_phase(void* self, StepPhase now);
   std::vector<Device> devices_;
   bool active_ = false;
   int64_t t0_ns_ = 0;
@@ -99,6 +108,7 @@ class MemoryProfiler : public AllocatorObserver {
   std::vector<std::vector<LiveBlockInfo>> start_blocks_;  // per watched device
   std::vector<int64_t> start_allocated_;
   double stop_t_us_ = 0;
+  std::vector<std::pair<double, StepPhase>> phase_marks_;  // (t_us, phase from then on)
   int device_slot(Device d) const;  // -1 when not watched
 };
 

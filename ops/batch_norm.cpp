@@ -12,6 +12,7 @@
 #include <cmath>
 
 #include "autograd/grad_mode.h"
+#include "core/half_convert.h"
 #include "core/parallel.h"
 #include "ops/autocast_policy.h"
 #include "ops/cuda/launchers.h"
@@ -23,6 +24,14 @@ namespace {
 
 template <class T>
 using stat_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
+
+// The affine parameters' dtype: x's own, or f32 for an f16/bf16 x (mixed, as under autocast).
+// Calls f with a P* null pointer typed as that dtype.
+template <class T, class F>
+void dispatch_param(DType pd, F f) {
+  if (pd == dtype_of_v<T>) f(static_cast<T*>(nullptr));
+  else f(static_cast<float*>(nullptr));
+}
 
 Tensor contiguous_scratch(const Tensor& t) {
   if (t.is_contiguous()) return t.detach();
@@ -51,101 +60,189 @@ void for_channels(const ChannelLayout& l, F f) {
   });
 }
 
-// Batch statistics: mean (C), biased var (C) in f64 two-pass sums; x contiguous.
+// Note [Batch norm sums]: a channel is walked plane by plane (n = 0, 1, ...) in blocks of
+// kBlock values; 16-bit blocks are converted to f32 on the stack first (convert_span). Within
+// a block kLanes<S> partial sums run in the compute type (an AVX-512 register's worth of f32, so
+// the loop vectorises) and are added into an f64 total in a fixed order: at most kBlock / 16
+// additions per partial sum in f32, and the bits do not depend on the thread count. f64, the
+// reference dtype of the PyTorch and gradcheck tests, keeps one running sum in plain order.
+constexpr int64_t kBlock = 512;
+template <class S>
+constexpr int64_t kLanes = std::is_same_v<S, double> ? 1 : 16;
+
+// The values p[0, n) in the compute type S: p itself, or converted into buf (n <= kBlock).
+template <class S, class T>
+const S* load_block(const T* p, int64_t n, S* buf) {
+  if constexpr (std::is_same_v<S, T>) {
+    return p;
+  } else {
+    convert_span(p, buf, n);
+    return buf;
+  }
+}
+
+// Where a block of results in S goes before store_block: the output itself when it is S.
+template <class S, class T>
+S* result_block(T* p, S* buf) {
+  if constexpr (std::is_same_v<S, T>) return p;
+  else return buf;
+}
+template <class S, class T>
+void store_block(const S* v, int64_t n, T* p) {
+  if constexpr (!std::is_same_v<S, T>) convert_span(v, p, n);
+}
+
+// Calls f(offset, n) for the blocks of channel c's values: offsets into an (N, C, S) tensor.
+template <class F>
+void for_channel_blocks(const ChannelLayout& l, int64_t c, F f) {
+  for (int64_t n = 0; n < l.N; ++n)
+    for (int64_t s = 0; s < l.S; s += kBlock) f((n * l.C + c) * l.S + s, std::min(kBlock, l.S - s));
+}
+
+// sum of v[i] and of (v[i] - shift)^2 over [0, n), kLanes partial sums each.
+template <class S>
+void block_sums(const S* v, int64_t n, S shift, double& sum, double& sq) {
+  S a[kLanes<S>] = {}, q[kLanes<S>] = {};
+  int64_t i = 0;
+  for (; i + kLanes<S> <= n; i += kLanes<S>)
+    for (int64_t j = 0; j < kLanes<S>; ++j) {
+      const S d = v[i + j] - shift;
+      a[j] += v[i + j];
+      q[j] += d * d;
+    }
+  for (; i < n; ++i) {
+    const S d = v[i] - shift;
+    a[0] += v[i];
+    q[0] += d * d;
+  }
+  for (int64_t j = 0; j < kLanes<S>; ++j) sum += double(a[j]), sq += double(q[j]);
+}
+
+// sum of g[i] and of g[i] * (x[i] - shift) over [0, n), kLanes partial sums each.
+template <class S>
+void block_grad_sums(const S* g, const S* x, int64_t n, S shift, double& sg, double& sgx) {
+  S a[kLanes<S>] = {}, b[kLanes<S>] = {};
+  int64_t i = 0;
+  for (; i + kLanes<S> <= n; i += kLanes<S>)
+    for (int64_t j = 0; j < kLanes<S>; ++j) {
+      a[j] += g[i + j];
+      b[j] += g[i + j] * (x[i + j] - shift);
+    }
+  for (; i < n; ++i) {
+    a[0] += g[i];
+    b[0] += g[i] * (x[i] - shift);
+  }
+  for (int64_t j = 0; j < kLanes<S>; ++j) sg += double(a[j]), sgx += double(b[j]);
+}
+
+// Batch statistics: mean (C) and biased var (C), x contiguous. Two passes: the mean, then the
+// squares centred on it (var = E[(x - m')^2] - (m - m')^2 with m' the mean rounded to S).
 template <class T>
 void channel_stats(double* mean, double* var, const Tensor& x, const ChannelLayout& l) {
+  using S = stat_t<T>;
   const T* px = x.data<T>();
   for_channels(l, [&](int64_t c) {
-    double s = 0, q = 0;
-    for (int64_t n = 0; n < l.N; ++n)
-      for (const T *p = px + (n * l.C + c) * l.S, *e = p + l.S; p < e; ++p) s += double(compute_t<T>(*p));
-    double m = s / double(l.count());
-    for (int64_t n = 0; n < l.N; ++n)
-      for (const T *p = px + (n * l.C + c) * l.S, *e = p + l.S; p < e; ++p) {
-        double d = double(compute_t<T>(*p)) - m;
-        q += d * d;
-      }
-    mean[c] = m, var[c] = q / double(l.count());
+    S buf[kBlock];
+    double s = 0, unused = 0;
+    for_channel_blocks(l, c, [&](int64_t o, int64_t n) { block_sums(load_block(px + o, n, buf), n, S(0), s, unused); });
+    const double m = s / double(l.count());
+    const S ms = S(m);
+    double s2 = 0, q = 0;
+    for_channel_blocks(l, c, [&](int64_t o, int64_t n) { block_sums(load_block(px + o, n, buf), n, ms, s2, q); });
+    const double off = m - double(ms);
+    mean[c] = m, var[c] = std::max(0.0, q / double(l.count()) - off * off);
   });
 }
 
-// y = (x - mean) * rstd * w + b, parallel over the N * C planes of S values.
-template <class T>
+// y = x * scale + shift per channel (scale = rstd * w, shift = b - mean * scale), parallel over
+// the N * C planes of S values. T: x and y; P: w and b (T, or f32 for a 16-bit T).
+template <class T, class P>
 void normalize_kernel(const Tensor& y, const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
                       const Tensor& b, const ChannelLayout& l) {
   using S = stat_t<T>;
   const T* px = x.data<T>();
   T* py = y.data<T>();
   const S *pm = mean.data<S>(), *pr = rstd.data<S>();
-  const T* pw = w.defined() ? w.data<T>() : nullptr;
-  const T* pb = b.defined() ? b.data<T>() : nullptr;
+  const P* pw = w.defined() ? w.data<P>() : nullptr;
+  const P* pb = b.defined() ? b.data<P>() : nullptr;
   int64_t ws = w.defined() ? w.stride(0) : 0, bs = b.defined() ? b.stride(0) : 0;
   parallel_for(0, l.N * l.C, std::max<int64_t>(1, 16384 / l.S), [&](int64_t pb_, int64_t pe) {
+    S xbuf[kBlock], ybuf[kBlock];
     for (int64_t plane = pb_; plane < pe; ++plane) {
       int64_t c = plane % l.C;
-      S scale = pr[c] * (pw ? S(pw[c * ws]) : S(1));  // y = x * scale + shift
-      S shift = (pb ? S(pb[c * bs]) : S(0)) - S(pm[c]) * scale;
-      const T* xi = px + plane * l.S;
-      T* yi = py + plane * l.S;
-      for (int64_t s = 0; s < l.S; ++s) yi[s] = T(S(xi[s]) * scale + shift);
+      const S scale = pr[c] * (pw ? S(compute_t<P>(pw[c * ws])) : S(1));
+      const S shift = (pb ? S(compute_t<P>(pb[c * bs])) : S(0)) - S(pm[c]) * scale;
+      for (int64_t s = 0; s < l.S; s += kBlock) {
+        const int64_t n = std::min(kBlock, l.S - s);
+        const S* xv = load_block(px + plane * l.S + s, n, xbuf);
+        S* yv = result_block(py + plane * l.S + s, ybuf);
+        for (int64_t i = 0; i < n; ++i) yv[i] = xv[i] * scale + shift;
+        store_block(yv, n, py + plane * l.S + s);
+      }
     }
   });
 }
 
 // Per channel: sum dy (-> dbias) and sum dy * xhat (-> dweight); then dx. Training backward
 // also carries the gradient through the batch statistics; eval's statistics are constants.
-template <class T>
+// T: dy, x and dx; P: w, dw and db.
+template <class T, class P>
 void batch_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                                 const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
                                 const ChannelLayout& l, bool training) {
   using S = stat_t<T>;
   const T *pdy = dy.data<T>(), *px = x.data<T>();
   const S *pm = mean.data<S>(), *pr = rstd.data<S>();
-  const T* pw = w.defined() ? w.data<T>() : nullptr;
+  const P* pw = w.defined() ? w.data<P>() : nullptr;
   int64_t wst = w.defined() ? w.stride(0) : 0;
   T* pdx = dx.defined() ? dx.data<T>() : nullptr;
-  T* pdw = dw.defined() ? dw.data<T>() : nullptr;
-  T* pdb = db.defined() ? db.data<T>() : nullptr;
+  P* pdw = dw.defined() ? dw.data<P>() : nullptr;
+  P* pdb = db.defined() ? db.data<P>() : nullptr;
   for_channels(l, [&](int64_t c) {
-    double m = double(pm[c]), r = double(pr[c]);
-    double sdy = 0, sdyh = 0;
-    for (int64_t n = 0; n < l.N; ++n) {
-      const T *g = pdy + (n * l.C + c) * l.S, *xi = px + (n * l.C + c) * l.S;
-      for (int64_t s = 0; s < l.S; ++s) {
-        double gv = double(compute_t<T>(g[s]));
-        sdy += gv;
-        sdyh += gv * (double(compute_t<T>(xi[s])) - m) * r;
-      }
-    }
-    if (pdw) pdw[c] = T(S(sdyh));
-    if (pdb) pdb[c] = T(S(sdy));
+    S gbuf[kBlock], xbuf[kBlock], obuf[kBlock];
+    const S m = pm[c], r = pr[c];
+    double sdy = 0, sdyc = 0;  // sum dy, sum dy * (x - mean)
+    for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
+      block_grad_sums(load_block(pdy + o, n, gbuf), load_block(px + o, n, xbuf), n, m, sdy, sdyc);
+    });
+    const double sdyh = sdyc * double(r);  // sum dy * xhat
+    if (pdw) pdw[c] = P(S(sdyh));
+    if (pdb) pdb[c] = P(S(sdy));
     if (!pdx) return;
-    // training: dx = w * rstd * (dy - mean(dy) - xhat * mean(dy * xhat)); eval: dx = w * rstd * dy
-    S k = S(r * (pw ? double(compute_t<T>(pw[c * wst])) : 1.0));
-    S a = training ? S(sdy / double(l.count())) : S(0);
-    S bh = training ? S(sdyh / double(l.count())) : S(0);
-    for (int64_t n = 0; n < l.N; ++n) {
-      const T *g = pdy + (n * l.C + c) * l.S, *xi = px + (n * l.C + c) * l.S;
-      T* o = pdx + (n * l.C + c) * l.S;
-      for (int64_t s = 0; s < l.S; ++s) o[s] = T(k * (S(g[s]) - a - (S(xi[s]) - S(m)) * S(r) * bh));
-    }
+    // training: dx = w * rstd * (dy - mean(dy) - xhat * mean(dy * xhat)); eval: dx = w * rstd * dy.
+    // (Evaluated in this order, as PyTorch does: with few values per channel dx is mostly
+    // cancellation, e.g. exactly 0 for 2 values.)
+    const S k = S(double(r) * (pw ? double(compute_t<P>(pw[c * wst])) : 1.0));
+    const S a = training ? S(sdy / double(l.count())) : S(0);
+    const S bh = training ? S(sdyh / double(l.count())) : S(0);
+    for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
+      const S* g = load_block(pdy + o, n, gbuf);
+      const S* xv = load_block(px + o, n, xbuf);
+      S* ov = result_block(pdx + o, obuf);
+      for (int64_t i = 0; i < n; ++i) ov[i] = k * (g[i] - a - (xv[i] - m) * r * bh);
+      store_block(ov, n, pdx + o);
+    });
   });
 }
 
 class BatchNormBackward : public Node {
  public:
-  explicit BatchNormBackward(bool training) : training_(training) {}
+  BatchNormBackward(bool training, DType param_dtype) : training_(training), param_dtype_(param_dtype) {}
   std::string_view name() const override { return "BatchNormBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     bool need_dx = needs_input_grad(0), need_dw = needs_input_grad(1), need_db = needs_input_grad(2);
     int64_t C = g[0].size(1);
     std::vector<int64_t> not_channel = g[0].dim() == 4 ? std::vector<int64_t>{0, 2, 3} : std::vector<int64_t>{0};
-    if (!need_dx && !need_dw) return {Tensor(), Tensor(), sum(g[0], not_channel)};  // dbias only
+    if (!need_dx && !need_dw) {  // dbias only, summed in the bias's dtype
+      Tensor dy = g[0].dtype() == param_dtype_ ? g[0] : cast(g[0], param_dtype_);
+      return {Tensor(), Tensor(), sum(dy, not_channel)};
+    }
     Tensor dy = contiguous_scratch(g[0]);
     TensorOptions opt{.dtype = dy.dtype(), .device = dy.device()};
+    TensorOptions popt{.dtype = param_dtype_, .device = dy.device()};
     Tensor dx = need_dx ? empty(dy.shape(), opt) : Tensor();
-    Tensor dw = need_dw ? empty({C}, opt) : Tensor();
-    Tensor db = need_db ? empty({C}, opt) : Tensor();
+    Tensor dw = need_dw ? empty({C}, popt) : Tensor();
+    Tensor db = need_db ? empty({C}, popt) : Tensor();
     if (dy.is_meta() || C == 0) return {dx, dw, db};
     if (dy.numel() == 0) {  // eval on an empty batch: no contributions
       if (dw.defined()) fill_(dw, 0.0);
@@ -162,7 +259,11 @@ class BatchNormBackward : public Node {
     }
 #endif
     MG_DISPATCH_FLOAT(dy.dtype(), "batch_norm backward", [&] {
-      batch_norm_backward_kernel<scalar_t>(dx, dw, db, dy, xv, mv, rv, wv, l, training_);
+      using T = scalar_t;
+      dispatch_param<T>(param_dtype_, [&](auto* p) {
+        batch_norm_backward_kernel<T, std::remove_pointer_t<decltype(p)>>(dx, dw, db, dy, xv, mv, rv, wv, l,
+                                                                           training_);
+      });
     });
     return {dx, dw, db};
   }
@@ -173,13 +274,26 @@ class BatchNormBackward : public Node {
 
  private:
   bool training_;
+  DType param_dtype_;  // of weight and bias (and so of their gradients)
 };
 
-void check_channel_vector(const char* op, const Tensor& p, const Tensor& x, const char* what, bool same_dtype) {
+// weight / bias: (C), on x's device, of x's dtype or f32 when x is f16 / bf16 (mixed precision:
+// 16-bit activations, f32 affine parameters, as cuDNN's batch norm does).
+void check_affine(const char* op, const Tensor& p, const Tensor& x, const char* what) {
   if (!p.defined()) return;
   check_same_device(op, x, p);
-  if (same_dtype) check_same_dtype(op, x, p);
-  else check_floating(op, p);
+  const bool low_x = x.dtype() == DType::f16 || x.dtype() == DType::bf16;
+  MG_CHECK(p.dtype() == x.dtype() || (low_x && p.dtype() == DType::f32), op, ": ", what, " must have the input's dtype ",
+           x.dtype(), low_x ? " or f32" : "", ", got ", p.dtype());
+  MG_CHECK(p.dim() == 1 && p.size(0) == x.size(1), op, ": ", what, " must have shape ", Shape{x.size(1)},
+           " for input ", x.shape(), ", got ", p.shape());
+}
+
+// running_mean / running_var: (C) on x's device, any floating dtype.
+void check_running(const char* op, const Tensor& p, const Tensor& x, const char* what) {
+  if (!p.defined()) return;
+  check_same_device(op, x, p);
+  check_floating(op, p);
   MG_CHECK(p.dim() == 1 && p.size(0) == x.size(1), op, ": ", what, " must have shape ", Shape{x.size(1)},
            " for input ", x.shape(), ", got ", p.shape());
 }
@@ -200,19 +314,21 @@ void update_running(const Tensor& running, const double* batch, double momentum)
 
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
-  // Under autocast only the input and affine parameters are cast; the running statistics are
-  // buffers updated in place, so they are never replaced by a copy.
-  if (autocast_wants_f32({x, weight, bias}))
-    return batch_norm(autocast_f32(x), running_mean, running_var, autocast_f32(weight), autocast_f32(bias), training,
-                      momentum, eps);
+  // Under autocast the affine parameters are f32 and the input keeps its dtype: a 16-bit input
+  // is normalised in f32 and rounded on store (Note [Autocast]), so no cast surrounds the op.
+  // The running statistics are buffers updated in place, never replaced by a copy.
+  if (autocast_wants_f32({weight, bias}))
+    return batch_norm(x, running_mean, running_var, autocast_f32(weight), autocast_f32(bias), training, momentum, eps);
   const char* op = "batch_norm";
   check_defined(op, x, "input");
   check_floating(op, x);
   MG_CHECK(x.dim() == 2 || x.dim() == 4, op, ": input must be (N, C, H, W) or (N, C), got shape ", x.shape());
-  check_channel_vector(op, weight, x, "weight", true);
-  check_channel_vector(op, bias, x, "bias", true);
-  check_channel_vector(op, running_mean, x, "running_mean", false);
-  check_channel_vector(op, running_var, x, "running_var", false);
+  check_affine(op, weight, x, "weight");
+  check_affine(op, bias, x, "bias");
+  MG_CHECK(!weight.defined() || !bias.defined() || weight.dtype() == bias.dtype(), op,
+           ": weight and bias must have one dtype, got ", weight.dtype(), " and ", bias.dtype());
+  check_running(op, running_mean, x, "running_mean");
+  check_running(op, running_var, x, "running_var");
   MG_CHECK(running_mean.defined() == running_var.defined(), op,
            ": running_mean and running_var must both be given or both be undefined");
   MG_CHECK(training || running_mean.defined(), op,
@@ -224,6 +340,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   bool record = any_requires_grad({x, weight, bias});
   bool keep_x = record && (wants_grad(x) || wants_grad(weight));
   DType sd = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
+  const DType param_dtype = weight.defined() ? weight.dtype() : bias.defined() ? bias.dtype() : x.dtype();
   Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});  // like x
   Tensor mean, rstd;                                                        // (C) each
   {
@@ -277,14 +394,19 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
         update_running(running_var, bv, momentum);
       }
       if (x.numel() > 0)
-        MG_DISPATCH_FLOAT(x.dtype(), op, [&] { normalize_kernel<scalar_t>(y, xc, mean, rstd, weight, bias, l); });
+        MG_DISPATCH_FLOAT(x.dtype(), op, [&] {
+          using T = scalar_t;
+          dispatch_param<T>(param_dtype, [&](auto* p) {
+            normalize_kernel<T, std::remove_pointer_t<decltype(p)>>(y, xc, mean, rstd, weight, bias, l);
+          });
+        });
     }
   }
   if (update) {
     running_mean.bump_version();
     running_var.bump_version();
   }
-  if (auto node = make_node_if_needed<BatchNormBackward>({x, weight, bias}, training)) {
+  if (auto node = make_node_if_needed<BatchNormBackward>({x, weight, bias}, training, param_dtype)) {
     if (keep_x) {
       node->x.save(x);
       node->mean.save(mean);

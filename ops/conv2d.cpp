@@ -18,6 +18,7 @@
 #include "ops/autocast_policy.h"
 #include "ops/cpu_gemm.h"
 #include "ops/cuda/launchers.h"
+#include "ops/f32_staging.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -35,12 +36,15 @@ namespace {
 
 // Note [Conv2d workspace]
 // Every scratch buffer is an mg::empty tensor tagged `workspace`, allocated once per call and
-// reused for every image, so the workspace is bounded by one image whatever the batch:
+// reused for every image, so the workspace is bounded by one image (or one staged group)
+// whatever the batch:
 //   forward:  col (Cin*KH*KW, OH*OW) in the compute type (f32, or f64 for f64 inputs); none for
-//             a pointwise (1x1, stride 1, no padding) f32/f64 conv, whose GEMM reads x itself.
+//             a pointwise (1x1, stride 1, no padding) conv, whose GEMM reads x itself.
 //   backward: col as above when dW is needed, dcol (Cin*KH*KW, OH*OW) when dx is needed.
 //   f16/bf16 add f32 copies of the weight and of one image's dout / output / dx, and an f32 dW
-//   accumulator; the result is rounded on store.
+//   accumulator; the result is rounded on store. A pointwise f16/bf16 conv stages a group of
+//   images in f32 instead (x, out, dout, dx; at most 4 MiB each, ops/f32_staging.h), so each
+//   group is one GEMM over several images.
 // E.g. MobileNetV2's first conv (3 -> 32, 3x3, 224x224, stride 2): col = 27 x 12544 f32 = 1.3 MiB.
 
 struct ConvGeom {
@@ -215,14 +219,6 @@ void gemm_tiled(const BatchedGemm<A>& m, int64_t groups, int64_t images, Images 
   parallel_for(0, tasks, grain, run);
 }
 
-// dst[i] = D(src[i]): load to the compute type or round on store.
-template <class D, class S>
-void convert_n(const S* src, D* dst, int64_t n) {
-  parallel_for(0, n, 65536, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dst[i] = D(compute_t<S>(src[i]));
-  });
-}
-
 // The data of contiguous `t` in compute type A: t itself, or converted into `buf` (f16/bf16).
 template <class T, class A = compute_t<T>>
 const A* as_compute(const Tensor& t, const Tensor& buf) {
@@ -238,16 +234,18 @@ template <class T>
 void conv2d_forward_gemm(const ConvGeom& g, const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out) {
   using A = compute_t<T>;
   constexpr bool low = !std::is_same_v<T, A>;  // f16/bf16: f32 workspace, round on store
-  const bool direct = g.pointwise() && !low;   // the GEMM reads the image itself
+  const bool pw = g.pointwise();               // the GEMM reads the (staged) images themselves
+  const int64_t group = low && pw ? staged_images(std::max(g.Cin * g.hw(), g.Cout * g.ohw()), g.N) : 1;
   const TensorOptions ws{.dtype = dtype_of_v<A>, .device = out.device()};
-  Tensor col, wbuf, bbuf, obuf;
+  Tensor col, wbuf, bbuf, xbuf, obuf;
   {
     MemoryCategoryGuard cat(MemoryCategory::workspace);
-    if (!direct) col = empty({g.col_rows(), g.ohw()}, ws);  // (Cin*KH*KW, OH*OW)
+    if (!pw) col = empty({g.col_rows(), g.ohw()}, ws);  // (Cin*KH*KW, OH*OW)
     if (low) {
-      wbuf = empty(w.shape(), ws);             // (Cout, Cin/G, KH, KW)
-      if (bias.defined()) bbuf = empty(bias.shape(), ws);  // (Cout)
-      obuf = empty({g.Cout, g.ohw()}, ws);     // (Cout, OH*OW)
+      wbuf = empty(w.shape(), ws);                           // (Cout, Cin/G, KH, KW)
+      if (bias.defined()) bbuf = empty(bias.shape(), ws);    // (Cout)
+      if (pw) xbuf = empty({group, g.Cin, g.hw()}, ws);      // a group of images
+      obuf = empty({group, g.Cout, g.ohw()}, ws);            // their outputs (Cout, OH*OW)
     }
   }
   if (skip_kernel(out)) return;
@@ -255,14 +253,25 @@ void conv2d_forward_gemm(const ConvGeom& g, const Tensor& x, const Tensor& w, co
   const A* bp = bias.defined() ? as_compute<T>(bias, bbuf) : nullptr;
   const T* xp = x.data<T>();
   T* outp = out.data<T>();
-  if constexpr (!low) {
-    if (direct) {  // pointwise: out[n, g] = bias[g] + W[g] @ x[n, g] for the whole batch at once
-      gemm_tiled<A>({Transpose::no, Transpose::no, g.cog(), g.ohw(), g.wrow(), wp, g.wrow(), g.cog() * g.wrow(), 0, xp,
-                     g.ohw(), g.wrow() * g.ohw(), g.Cin * g.hw(), outp, g.ohw(), g.cog() * g.ohw(), g.Cout * g.ohw(),
-                     A(0), bp},
-                    g.groups, g.N, Images::separate);
-      return;
+  // Pointwise: o[n, g] = bias[g] + W[g] @ xs[n, g] for `images` images in one tiled GEMM.
+  auto pointwise = [&](const A* xs, A* o, int64_t images) {
+    gemm_tiled<A>({Transpose::no, Transpose::no, g.cog(), g.ohw(), g.wrow(), wp, g.wrow(), g.cog() * g.wrow(), 0, xs,
+                   g.ohw(), g.wrow() * g.ohw(), g.Cin * g.hw(), o, g.ohw(), g.cog() * g.ohw(), g.Cout * g.ohw(), A(0),
+                   bp},
+                  g.groups, images, Images::separate);
+  };
+  if (pw) {
+    if constexpr (!low) {
+      pointwise(xp, outp, g.N);  // the whole batch at once
+    } else {
+      for (int64_t n = 0; n < g.N; n += group) {  // a group of images staged in f32
+        const int64_t k = std::min(group, g.N - n);
+        convert_n(xp + n * g.Cin * g.hw(), xbuf.data<A>(), k * g.Cin * g.hw());
+        pointwise(xbuf.data<A>(), obuf.data<A>(), k);
+        convert_n(obuf.data<A>(), outp + n * g.Cout * g.ohw(), k * g.Cout * g.ohw());
+      }
     }
+    return;
   }
   for (int64_t n = 0; n < g.N; ++n) {
     im2col<T, A>(g, xp + n * g.Cin * g.hw(), col.data<A>());
@@ -285,17 +294,19 @@ void conv2d_backward_gemm(const ConvGeom& g, const Tensor& x, const Tensor& w, c
   constexpr bool low = !std::is_same_v<T, A>;
   const bool need_dx = dx.defined(), need_dw = dw.defined();
   const bool pw = g.pointwise();
+  const int64_t group = low && pw ? staged_images(std::max(g.Cin * g.hw(), g.Cout * g.ohw()), g.N) : 1;
   const TensorOptions ws{.dtype = dtype_of_v<A>, .device = dout.device()};
-  Tensor col, dcol, wbuf, dobuf, dxbuf, dwbuf;
+  Tensor col, dcol, wbuf, dobuf, xbuf, dxbuf, dwbuf;
   {
     MemoryCategoryGuard cat(MemoryCategory::workspace);
-    if (need_dw && (!pw || low)) col = empty({g.col_rows(), g.ohw()}, ws);   // columns of x[n]
-    if (need_dx && (!pw || low)) dcol = empty({g.col_rows(), g.ohw()}, ws);  // W^T @ dout[n]
+    if (need_dw && !pw) col = empty({g.col_rows(), g.ohw()}, ws);   // columns of x[n]
+    if (need_dx && !pw) dcol = empty({g.col_rows(), g.ohw()}, ws);  // W^T @ dout[n]
     if (low) {
-      dobuf = empty({g.Cout, g.ohw()}, ws);                  // dout[n] in f32
+      dobuf = empty({group, g.Cout, g.ohw()}, ws);             // dout images in f32
       if (need_dx) wbuf = empty(w.shape(), ws);
-      if (need_dx && !pw) dxbuf = empty({g.Cin, g.hw()}, ws);  // dx[n] in f32 before rounding
-      if (need_dw) dwbuf = empty(dw.shape(), ws);             // f32 accumulator of dW
+      if (need_dw && pw) xbuf = empty({group, g.Cin, g.hw()}, ws);  // their x in f32
+      if (need_dx) dxbuf = empty({group, g.Cin, g.hw()}, ws);  // their dx in f32 before rounding
+      if (need_dw) dwbuf = empty(dw.shape(), ws);              // f32 accumulator of dW
     }
   }
   if (dout.is_meta()) return;
@@ -310,24 +321,35 @@ void conv2d_backward_gemm(const ConvGeom& g, const Tensor& x, const Tensor& w, c
     if constexpr (low) dwp = dwbuf.data<A>();
     else dwp = dw.data<T>();
   }
-  if constexpr (!low) {
-    if (pw) {  // pointwise: the whole batch per GEMM, reading x and writing dx in place
-      const T* xp = need_dw ? x.data<T>() : nullptr;
-      const T* dp = dout.data<T>();
-      // dW[g] = sum over n in order of dout[n, g] (Cout/G, HW) @ x[n, g]^T (HW, Cin/G)
-      if (need_dw)
-        gemm_tiled<A>({Transpose::no, Transpose::yes, g.cog(), g.wrow(), g.ohw(), dp, g.ohw(), g.cog() * g.ohw(),
-                       g.Cout * g.ohw(), xp, g.ohw(), g.wrow() * g.ohw(), g.Cin * g.hw(), dwp, g.wrow(),
-                       g.cog() * g.wrow(), 0, A(0)},
-                      g.groups, g.N, Images::summed);
-      // dx[n, g] (Cin/G, HW) = W[g]^T @ dout[n, g]
-      if (need_dx)
-        gemm_tiled<A>({Transpose::yes, Transpose::no, g.wrow(), g.ohw(), g.cog(), wp, g.wrow(), g.cog() * g.wrow(), 0, dp,
-                       g.ohw(), g.cog() * g.ohw(), g.Cout * g.ohw(), dx.data<T>(), g.ohw(), g.wrow() * g.ohw(),
-                       g.Cin * g.hw(), A(0)},
-                      g.groups, g.N, Images::separate);
-      return;
+  // Pointwise, `images` images per GEMM, reading x and writing dx in place:
+  //   dW[g] (+)= sum over n in order of dout[n, g] (Cout/G, HW) @ x[n, g]^T (HW, Cin/G)
+  //   dx[n, g] (Cin/G, HW) = W[g]^T @ dout[n, g]
+  auto pointwise = [&](const A* dp, const A* xs, A* dxs, int64_t images, bool first) {
+    if (need_dw)
+      gemm_tiled<A>({Transpose::no, Transpose::yes, g.cog(), g.wrow(), g.ohw(), dp, g.ohw(), g.cog() * g.ohw(),
+                     g.Cout * g.ohw(), xs, g.ohw(), g.wrow() * g.ohw(), g.Cin * g.hw(), dwp, g.wrow(),
+                     g.cog() * g.wrow(), 0, A(first ? 0 : 1)},
+                    g.groups, images, Images::summed);
+    if (need_dx)
+      gemm_tiled<A>({Transpose::yes, Transpose::no, g.wrow(), g.ohw(), g.cog(), wp, g.wrow(), g.cog() * g.wrow(), 0, dp,
+                     g.ohw(), g.cog() * g.ohw(), g.Cout * g.ohw(), dxs, g.ohw(), g.wrow() * g.ohw(), g.Cin * g.hw(),
+                     A(0)},
+                    g.groups, images, Images::separate);
+  };
+  if (pw) {
+    if constexpr (!low) {
+      pointwise(dout.data<T>(), need_dw ? x.data<T>() : nullptr, need_dx ? dx.data<T>() : nullptr, g.N, true);
+    } else {
+      for (int64_t n = 0; n < g.N; n += group) {  // a group of images staged in f32
+        const int64_t k = std::min(group, g.N - n);
+        convert_n(dout.data<T>() + n * g.Cout * g.ohw(), dobuf.data<A>(), k * g.Cout * g.ohw());
+        if (need_dw) convert_n(x.data<T>() + n * g.Cin * g.hw(), xbuf.data<A>(), k * g.Cin * g.hw());
+        pointwise(dobuf.data<A>(), need_dw ? xbuf.data<A>() : nullptr, need_dx ? dxbuf.data<A>() : nullptr, k, n == 0);
+        if (need_dx) convert_n(dxbuf.data<A>(), dx.data<T>() + n * g.Cin * g.hw(), k * g.Cin * g.hw());
+      }
+      if (need_dw) convert_n(dwp, dw.data<T>(), dw.numel());
     }
+    return;
   }
   for (int64_t n = 0; n < g.N; ++n) {
     const A* don;  // dout[n] (Cout, OH*OW) in the compute type
@@ -346,16 +368,14 @@ void conv2d_backward_gemm(const ConvGeom& g, const Tensor& x, const Tensor& w, c
                     g.groups, 1, Images::separate);
     }
     if (need_dx) {
-      // dcol[g] (Cin/G*KH*KW, OH*OW) = W[g]^T @ dout[n, g] (Cout/G, OH*OW)
+      // dcol[g] (Cin/G*KH*KW, OH*OW) = W[g]^T @ dout[n, g] (Cout/G, OH*OW), then dx[n] = col2im(dcol)
       gemm_tiled<A>({Transpose::yes, Transpose::no, g.wrow(), g.ohw(), g.cog(), wp, g.wrow(), g.cog() * g.wrow(), 0, don,
                      g.ohw(), g.cog() * g.ohw(), 0, dcol.data<A>(), g.ohw(), g.wrow() * g.ohw(), 0, A(0)},
                     g.groups, 1, Images::separate);
-      A* dxn = dcol.data<A>();  // dx[n] (Cin, H*W) in the compute type; a pointwise dcol is dx[n]
-      if (!pw) {
-        if constexpr (low) dxn = dxbuf.data<A>();
-        else dxn = dx.data<T>() + n * g.Cin * g.hw();
-        col2im(g, dcol.data<A>(), dxn);
-      }
+      A* dxn;  // dx[n] (Cin, H*W) in the compute type
+      if constexpr (low) dxn = dxbuf.data<A>();
+      else dxn = dx.data<T>() + n * g.Cin * g.hw();
+      col2im(g, dcol.data<A>(), dxn);
       if constexpr (low) convert_n(dxn, dx.data<T>() + n * g.Cin * g.hw(), g.Cin * g.hw());
     }
   }

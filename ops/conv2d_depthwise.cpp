@@ -4,11 +4,13 @@
 // plane: no im2col, O(N*Cout*OH*OW*KH*KW) work and, in f32/f64, no workspace at all.
 // Determinism: each output plane, each dx plane and each channel of dW is computed by one thread
 // in a fixed order, and dW sums the images n = 0, 1, ... in that order.
-// f16/bf16: one image at a time is converted to f32 workspace, computed and rounded on store.
+// f16/bf16: groups of images are staged in f32 workspace (ops/f32_staging.h), computed, and
+// rounded on store.
 #include <algorithm>
 #include <type_traits>
 
 #include "core/parallel.h"
+#include "ops/f32_staging.h"
 #include "ops/op_utils.h"
 
 namespace mg {
@@ -118,21 +120,15 @@ void plane_backward_weight(const DwGeom& g, const A* dout, const A* x, A* dw) {
   }
 }
 
-template <class D, class S>
-void convert_n(const S* src, D* dst, int64_t n) {
-  parallel_for(0, n, 65536, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dst[i] = D(compute_t<S>(src[i]));
-  });
-}
-
-// Pointer to image n of contiguous t (in compute type A): t's own data, or converted into buf.
+// Images [n, n + count) of contiguous t (per_image values each) in compute type A: t's own
+// data, or converted into buf.
 template <class T, class A>
-const A* image_in(const Tensor& t, int64_t n, int64_t per_image, const Tensor& buf) {
+const A* images_in(const Tensor& t, int64_t n, int64_t count, int64_t per_image, const Tensor& buf) {
   const T* p = t.data<T>() + n * per_image;
   if constexpr (std::is_same_v<T, A>) {
     return p;
   } else {
-    convert_n(p, buf.data<A>(), per_image);
+    convert_n(p, buf.data<A>(), count * per_image);
     return buf.data<A>();
   }
 }
@@ -142,15 +138,16 @@ void forward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Ten
   using A = compute_t<T>;
   constexpr bool low = !std::is_same_v<T, A>;
   const TensorOptions ws{.dtype = dtype_of_v<A>, .device = out.device()};
+  const int64_t group = low ? staged_images(std::max(g.Cin * g.hw(), g.Cout * g.ohw()), g.N) : g.N;
   Tensor xbuf, wbuf, obuf;
   if (low) {
     MemoryCategoryGuard cat(MemoryCategory::workspace);
-    xbuf = empty({g.Cin, g.hw()}, ws);   // x[n] in f32
-    wbuf = empty(w.shape(), ws);         // (Cout, 1, KH, KW) in f32
-    obuf = empty({g.Cout, g.ohw()}, ws); // out[n] in f32
+    xbuf = empty({group, g.Cin, g.hw()}, ws);    // a group of x images in f32
+    wbuf = empty(w.shape(), ws);                 // (Cout, 1, KH, KW) in f32
+    obuf = empty({group, g.Cout, g.ohw()}, ws);  // their outputs in f32
   }
   if (skip_kernel(out)) return;
-  const A* wp = image_in<T, A>(w, 0, w.numel(), wbuf);
+  const A* wp = images_in<T, A>(w, 0, 1, w.numel(), wbuf);
   const T* bp = bias.defined() ? bias.data<T>() : nullptr;
   // out planes of `count` images from their x planes: one task per (image, channel) plane.
   auto planes = [&](int64_t count, const A* xs, A* os) {
@@ -165,9 +162,10 @@ void forward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Ten
   if constexpr (!low) {
     planes(g.N, x.data<T>(), out.data<T>());  // the whole batch in one pass
   } else {
-    for (int64_t n = 0; n < g.N; ++n) {  // one image at a time through the f32 workspace
-      planes(1, image_in<T, A>(x, n, g.Cin * g.hw(), xbuf), obuf.data<A>());
-      convert_n(obuf.data<A>(), out.data<T>() + n * g.Cout * g.ohw(), g.Cout * g.ohw());
+    for (int64_t n = 0; n < g.N; n += group) {  // a group of images at a time through f32 workspace
+      const int64_t k = std::min(group, g.N - n);
+      planes(k, images_in<T, A>(x, n, k, g.Cin * g.hw(), xbuf), obuf.data<A>());
+      convert_n(obuf.data<A>(), out.data<T>() + n * g.Cout * g.ohw(), k * g.Cout * g.ohw());
     }
   }
 }
@@ -179,14 +177,15 @@ void backward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Te
   constexpr bool low = !std::is_same_v<T, A>;
   const bool need_dx = dx.defined(), need_dw = dw.defined();
   const TensorOptions ws{.dtype = dtype_of_v<A>, .device = dout.device()};
+  const int64_t group = low ? staged_images(std::max(g.Cin * g.hw(), g.Cout * g.ohw()), g.N) : g.N;
   Tensor dobuf, xbuf, wbuf, dxbuf, dwbuf;
   if (low) {
     MemoryCategoryGuard cat(MemoryCategory::workspace);
-    dobuf = empty({g.Cout, g.ohw()}, ws);                // dout[n] in f32
-    if (need_dw) xbuf = empty({g.Cin, g.hw()}, ws);     // x[n] in f32
-    if (need_dw) dwbuf = empty(dw.shape(), ws);         // f32 accumulator of dW
+    dobuf = empty({group, g.Cout, g.ohw()}, ws);             // a group of dout images in f32
+    if (need_dw) xbuf = empty({group, g.Cin, g.hw()}, ws);   // their x in f32
+    if (need_dw) dwbuf = empty(dw.shape(), ws);              // f32 accumulator of dW
     if (need_dx) wbuf = empty(w.shape(), ws);
-    if (need_dx) dxbuf = empty({g.Cin, g.hw()}, ws);    // dx[n] in f32 before rounding
+    if (need_dx) dxbuf = empty({group, g.Cin, g.hw()}, ws);  // their dx in f32 before rounding
   }
   if (dout.is_meta()) return;
   A* dwp = nullptr;  // (Cout, KH*KW)
@@ -195,7 +194,7 @@ void backward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Te
     else dwp = dw.data<T>();
     std::fill(dwp, dwp + dw.numel(), A(0));
   }
-  const A* wp = need_dx ? image_in<T, A>(w, 0, w.numel(), wbuf) : nullptr;
+  const A* wp = need_dx ? images_in<T, A>(w, 0, 1, w.numel(), wbuf) : nullptr;
   // dW += the contribution of `count` images: one task per channel, images in order.
   auto weight_pass = [&](int64_t count, const A* dos, const A* xs) {
     const int64_t grain = std::max<int64_t>(1, plane_grain(g) / count);
@@ -218,13 +217,14 @@ void backward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Te
   if constexpr (!low) {  // the whole batch in one pass each
     if (need_dw) weight_pass(g.N, dout.data<T>(), x.data<T>());
     if (need_dx) input_pass(g.N, dout.data<T>(), dx.data<T>());
-  } else {  // one image at a time through the f32 workspace; dW still sums images in order
-    for (int64_t n = 0; n < g.N; ++n) {
-      const A* don = image_in<T, A>(dout, n, g.Cout * g.ohw(), dobuf);
-      if (need_dw) weight_pass(1, don, image_in<T, A>(x, n, g.Cin * g.hw(), xbuf));
+  } else {  // a group of images at a time through f32 workspace; dW still sums images in order
+    for (int64_t n = 0; n < g.N; n += group) {
+      const int64_t k = std::min(group, g.N - n);
+      const A* don = images_in<T, A>(dout, n, k, g.Cout * g.ohw(), dobuf);
+      if (need_dw) weight_pass(k, don, images_in<T, A>(x, n, k, g.Cin * g.hw(), xbuf));
       if (need_dx) {
-        input_pass(1, don, dxbuf.data<A>());
-        convert_n(dxbuf.data<A>(), dx.data<T>() + n * g.Cin * g.hw(), g.Cin * g.hw());
+        input_pass(k, don, dxbuf.data<A>());
+        convert_n(dxbuf.data<A>(), dx.data<T>() + n * g.Cin * g.hw(), k * g.Cin * g.hw());
       }
     }
     if (need_dw) convert_n(dwp, dw.data<T>(), dw.numel());

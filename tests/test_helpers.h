@@ -1,6 +1,7 @@
 // Helpers shared by the tests: random tensors from a seeded generator, closeness checks with
 // relative + absolute tolerance, and a gradcheck wrapper that reports the mismatch.
 #pragma once
+#include <cstdio>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <string>
@@ -34,7 +35,12 @@ inline bool all_close(const std::vector<double>& a, const std::vector<double>& b
   }
   for (size_t i = 0; i < a.size(); ++i)
     if (!(std::abs(a[i] - b[i]) <= atol + rtol * std::abs(b[i]))) {
-      if (why) *why = "element " + std::to_string(i) + ": " + std::to_string(a[i]) + " vs " + std::to_string(b[i]);
+      if (why) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "element %zu: %.17g vs %.17g (difference %.3g)", i, a[i], b[i],
+                      std::abs(a[i] - b[i]));
+        *why = buf;
+      }
       return false;
     }
   return true;

@@ -1,7 +1,8 @@
 // CUDA batch_norm over x viewed as (N, C, S): one block per channel sums its N * S values in f64
 // (mean, then centred squares, as the CPU) in a fixed tree; a per-channel kernel turns them into
 // mean/rstd and moves the running buffers; normalisation is element-wise; backward is one block
-// per channel (sum dy and dy * xhat in f64, then dx in a second pass over the channel).
+// per channel (sum dy and dy * xhat in f64, then dx in a second pass over the channel). The affine
+// parameters have x's dtype or, for a 16-bit x, f32 (mixed precision).
 #include "ops/cuda/elementwise.cuh"
 #include "ops/cuda/launchers.h"
 #include "ops/cuda/row_reduce.cuh"
@@ -49,21 +50,23 @@ __global__ void bn_finish_kernel(S* mean, S* rstd, const double* stats, int64_t 
   }
 }
 
-template <class T>
-__global__ void bn_normalize_kernel(T* y, const T* x, const stat_t<T>* mean, const stat_t<T>* rstd, const T* w,
-                                    int64_t ws, const T* b, int64_t bs, int64_t C, int64_t S, int64_t n) {
+// T: x and y; P: w and b (T, or f32 for a 16-bit T).
+template <class T, class P>
+__global__ void bn_normalize_kernel(T* y, const T* x, const stat_t<T>* mean, const stat_t<T>* rstd, const P* w,
+                                    int64_t ws, const P* b, int64_t bs, int64_t C, int64_t S, int64_t n) {
   using ST = stat_t<T>;
   MG_GRID_STRIDE(e, blockIdx.x * int64_t(blockDim.x) + threadIdx.x, n) {
     const int64_t c = (e / S) % C;
-    const ST scale = rstd[c] * (w ? ST(w[c * ws]) : ST(1));  // y = x * scale + shift
-    const ST shift = (b ? ST(b[c * bs]) : ST(0)) - mean[c] * scale;
+    const ST scale = rstd[c] * (w ? ST(compute_t<P>(w[c * ws])) : ST(1));  // y = x * scale + shift
+    const ST shift = (b ? ST(compute_t<P>(b[c * bs])) : ST(0)) - mean[c] * scale;
     y[e] = T(ST(x[e]) * scale + shift);
   }
 }
 
-template <class T>
-__global__ void bn_backward_kernel(T* dx, T* dw, T* db, const T* dy, const T* x, const stat_t<T>* mean,
-                                   const stat_t<T>* rstd, const T* w, int64_t wst, int64_t N, int64_t C, int64_t S,
+// T: dy, x and dx; P: w, dw and db.
+template <class T, class P>
+__global__ void bn_backward_kernel(T* dx, P* dw, P* db, const T* dy, const T* x, const stat_t<T>* mean,
+                                   const stat_t<T>* rstd, const P* w, int64_t wst, int64_t N, int64_t C, int64_t S,
                                    bool training) {
   using ST = stat_t<T>;
   __shared__ double shared[32];
@@ -79,12 +82,12 @@ __global__ void bn_backward_kernel(T* dx, T* dw, T* db, const T* dy, const T* x,
   sdy = block_sum(sdy, shared);
   sdyh = block_sum(sdyh, shared);
   if (threadIdx.x == 0) {
-    if (dw) dw[c] = T(ST(sdyh));
-    if (db) db[c] = T(ST(sdy));
+    if (dw) dw[c] = P(ST(sdyh));
+    if (db) db[c] = P(ST(sdy));
   }
   if (!dx) return;
   // training: dx = w * rstd * (dy - mean(dy) - xhat * mean(dy * xhat)); eval: dx = w * rstd * dy
-  const ST k = ST(r * (w ? double(compute_t<T>(w[c * wst])) : 1.0));
+  const ST k = ST(r * (w ? double(compute_t<P>(w[c * wst])) : 1.0));
   const ST a = training ? ST(sdy / double(count)) : ST(0);
   const ST bh = training ? ST(sdyh / double(count)) : ST(0);
   for (int64_t t = threadIdx.x; t < count; t += blockDim.x) {
@@ -96,6 +99,13 @@ __global__ void bn_backward_kernel(T* dx, T* dw, T* db, const T* dy, const T* x,
 template <class T>
 const T* opt_ptr(const Tensor& t) {
   return t.defined() ? elem_ptr<const T>(t) : nullptr;
+}
+
+// Calls f with a null P* for the affine parameters' dtype pd: T's own, or f32 (mixed).
+template <class T, class F>
+void dispatch_param(DType pd, F f) {
+  if (pd == dtype_of_v<T>) f(static_cast<T*>(nullptr));
+  else f(static_cast<float*>(nullptr));
 }
 
 int channel_threads(int64_t count) { return count >= 4096 ? 512 : count >= 1024 ? 256 : count > 64 ? 128 : 32; }
@@ -148,12 +158,16 @@ void batch_norm_normalize(const Tensor& y, const Tensor& x, const Tensor& mean, 
   MG_CHECK(x.is_contiguous() && y.is_contiguous(), "batch_norm: internal: bad CUDA operands");
   const int dev = x.device().index;
   DeviceGuard g(dev);
+  const DType pd = w.defined() ? w.dtype() : b.defined() ? b.dtype() : x.dtype();
   MG_DISPATCH_FLOAT(x.dtype(), "batch_norm", [&] {
     using T = scalar_t;
-    bn_normalize_kernel<T><<<grid_for(dev, n, kThreads), kThreads, 0, stream(dev)>>>(
-        elem_ptr<T>(y), elem_ptr<const T>(x), elem_ptr<const stat_t<T>>(mean), elem_ptr<const stat_t<T>>(rstd),
-        opt_ptr<T>(w), w.defined() ? w.stride(0) : 0, opt_ptr<T>(b), b.defined() ? b.stride(0) : 0, C, S, n);
-    MG_CUDA_CHECK_LAUNCH("bn_normalize_kernel");
+    dispatch_param<T>(pd, [&](auto* p) {
+      using P = std::remove_pointer_t<decltype(p)>;
+      bn_normalize_kernel<T, P><<<grid_for(dev, n, kThreads), kThreads, 0, stream(dev)>>>(
+          elem_ptr<T>(y), elem_ptr<const T>(x), elem_ptr<const stat_t<T>>(mean), elem_ptr<const stat_t<T>>(rstd),
+          opt_ptr<P>(w), w.defined() ? w.stride(0) : 0, opt_ptr<P>(b), b.defined() ? b.stride(0) : 0, C, S, n);
+      MG_CUDA_CHECK_LAUNCH("bn_normalize_kernel");
+    });
   });
 }
 
@@ -165,14 +179,18 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, c
            "batch_norm backward: internal: bad CUDA operands");
   const int dev = x.device().index;
   DeviceGuard g(dev);
+  const DType pd = w.defined() ? w.dtype() : dw.defined() ? dw.dtype() : db.defined() ? db.dtype() : x.dtype();
   MG_DISPATCH_FLOAT(x.dtype(), "batch_norm backward", [&] {
     using T = scalar_t;
-    bn_backward_kernel<T><<<unsigned(C), channel_threads(N * S), 0, stream(dev)>>>(
-        dx.defined() ? elem_ptr<T>(dx) : nullptr, dw.defined() ? elem_ptr<T>(dw) : nullptr,
-        db.defined() ? elem_ptr<T>(db) : nullptr, elem_ptr<const T>(dy), elem_ptr<const T>(x),
-        elem_ptr<const stat_t<T>>(mean), elem_ptr<const stat_t<T>>(rstd), opt_ptr<T>(w), w.defined() ? w.stride(0) : 0,
-        N, C, S, training);
-    MG_CUDA_CHECK_LAUNCH("bn_backward_kernel");
+    dispatch_param<T>(pd, [&](auto* p) {
+      using P = std::remove_pointer_t<decltype(p)>;
+      bn_backward_kernel<T, P><<<unsigned(C), channel_threads(N * S), 0, stream(dev)>>>(
+          dx.defined() ? elem_ptr<T>(dx) : nullptr, dw.defined() ? elem_ptr<P>(dw) : nullptr,
+          db.defined() ? elem_ptr<P>(db) : nullptr, elem_ptr<const T>(dy), elem_ptr<const T>(x),
+          elem_ptr<const stat_t<T>>(mean), elem_ptr<const stat_t<T>>(rstd), opt_ptr<P>(w),
+          w.defined() ? w.stride(0) : 0, N, C, S, training);
+      MG_CUDA_CHECK_LAUNCH("bn_backward_kernel");
+    });
   });
 }
 

@@ -1,33 +1,55 @@
 // Element math shared by the CPU and CUDA backends: each functor maps compute-type values
 // (float or double) to a value, with MG_HOST_DEVICE so one definition serves both. Backward
-// functors take (dout, x) or (dout, y) and return dx.
+// functors take (dout, x) or (dout, y) and return dx. exp and tanh go through fn::exp / fn::tanh:
+// on the host, float uses the vectorisable ops/kernels/vec_math.h (libm's scalar calls would keep
+// the CPU loops from vectorising); double and CUDA device code use the standard functions.
 #pragma once
 #include <cmath>
+#include <type_traits>
 
 #include "core/half.h"
+#if !defined(__CUDACC__)
+#include "ops/kernels/vec_math.h"
+#endif
 
 namespace mg::fn {
 
+template <class T> MG_HOST_DEVICE T exp(T x) {
+#if !defined(__CUDACC__)
+  if constexpr (std::is_same_v<T, float>) return vmath::exp_f(x);
+#endif
+  return std::exp(x);
+}
+template <class T> MG_HOST_DEVICE T tanh(T x) {
+#if !defined(__CUDACC__)
+  if constexpr (std::is_same_v<T, float>) return vmath::tanh_f(x);
+#endif
+  return std::tanh(x);
+}
+
 // ---- forward, unary ----
 struct Neg { template <class T> MG_HOST_DEVICE T operator()(T x) const { return -x; } };
-struct Exp { template <class T> MG_HOST_DEVICE T operator()(T x) const { return std::exp(x); } };
+struct Exp { template <class T> MG_HOST_DEVICE T operator()(T x) const { return fn::exp(x); } };
 struct Log { template <class T> MG_HOST_DEVICE T operator()(T x) const { return std::log(x); } };
 struct Sqrt { template <class T> MG_HOST_DEVICE T operator()(T x) const { return std::sqrt(x); } };
 struct Rsqrt { template <class T> MG_HOST_DEVICE T operator()(T x) const { return T(1) / std::sqrt(x); } };
 struct Abs { template <class T> MG_HOST_DEVICE T operator()(T x) const { return x < T(0) ? -x : x; } };
-struct Tanh { template <class T> MG_HOST_DEVICE T operator()(T x) const { return std::tanh(x); } };
-struct Sigmoid { template <class T> MG_HOST_DEVICE T operator()(T x) const { return T(1) / (T(1) + std::exp(-x)); } };
+struct Tanh { template <class T> MG_HOST_DEVICE T operator()(T x) const { return fn::tanh(x); } };
+struct Sigmoid { template <class T> MG_HOST_DEVICE T operator()(T x) const { return T(1) / (T(1) + fn::exp(-x)); } };
 struct Relu { template <class T> MG_HOST_DEVICE T operator()(T x) const { return x > T(0) ? x : T(0); } };
 struct Relu6 {
   template <class T> MG_HOST_DEVICE T operator()(T x) const { return x < T(0) ? T(0) : (x > T(6) ? T(6) : x); }
 };
+// GPT-2's formula as written (as PyTorch computes it). x / (1 + e^{-2u}) is the same function
+// with no cancellation for x < -3, but it moves bf16 results in that tail by a bf16 ulp often
+// enough to change a bf16-pure training trajectory (tests/models/test_mixed_precision.cpp).
 struct GeluTanh {
   template <class T> MG_HOST_DEVICE T operator()(T x) const {
     const T k = T(0.7978845608028654);  // sqrt(2/pi)
-    return T(0.5) * x * (T(1) + std::tanh(k * (x + T(0.044715) * x * x * x)));
+    return T(0.5) * x * (T(1) + fn::tanh(k * (x + T(0.044715) * x * x * x)));
   }
 };
-struct Silu { template <class T> MG_HOST_DEVICE T operator()(T x) const { return x / (T(1) + std::exp(-x)); } };
+struct Silu { template <class T> MG_HOST_DEVICE T operator()(T x) const { return x / (T(1) + fn::exp(-x)); } };
 
 // ---- backward, unary: dx from (dout, x) ----
 struct ExpBackward { template <class T> MG_HOST_DEVICE T operator()(T g, T y) const { return g * y; } };  // from y
@@ -47,14 +69,14 @@ struct GeluTanhBackward {
   template <class T> MG_HOST_DEVICE T operator()(T g, T x) const {
     const T k = T(0.7978845608028654);
     T x3 = x * x * x;
-    T t = std::tanh(k * (x + T(0.044715) * x3));
+    T t = fn::tanh(k * (x + T(0.044715) * x3));
     T dt = k * (T(1) + T(3) * T(0.044715) * x * x) * (T(1) - t * t);
     return g * (T(0.5) * (T(1) + t) + T(0.5) * x * dt);
   }
 };
 struct SiluBackward {
   template <class T> MG_HOST_DEVICE T operator()(T g, T x) const {
-    T s = T(1) / (T(1) + std::exp(-x));
+    T s = T(1) / (T(1) + fn::exp(-x));
     return g * s * (T(1) + x * (T(1) - s));
   }
 };

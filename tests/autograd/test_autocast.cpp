@@ -6,6 +6,7 @@
 
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
+#include "autograd/node.h"
 #include "ops/ops.h"
 #include "test_helpers.h"
 
@@ -47,7 +48,7 @@ TEST_CASE("autocast: state, guard and nesting") {
   CHECK_FALSE(autocast_state().enabled);  // a failed guard changes nothing
 }
 
-TEST_CASE("autocast: GEMM ops run in the low type, norms, softmax, losses and reductions in f32") {
+TEST_CASE("autocast: GEMM ops run in the low type, softmax, layer norm, losses and reductions in f32") {
   for (DType low : {DType::bf16, DType::f16}) {
     INFO(dtype_name(low));
     Tensor x = rand_tensor({2, 3, 8}, 1, DType::f32), w = rand_tensor({5, 8}, 2, DType::f32);
@@ -68,8 +69,16 @@ TEST_CASE("autocast: GEMM ops run in the low type, norms, softmax, losses and re
     CHECK(mse_loss(y, y).dtype() == DType::f32);
     CHECK(sum(y).dtype() == DType::f32);
     CHECK(mean(y, {1}).dtype() == DType::f32);
+    // batch_norm keeps a 16-bit input's dtype (it computes in f32 inside) and takes f32 affine
+    // parameters as they are: no cast on either side of a conv -> batch_norm -> relu6 chain.
     Tensor conv_out = conv2d(img, cw);
-    CHECK(batch_norm(conv_out, Tensor(), Tensor(), Tensor(), Tensor(), true).dtype() == DType::f32);
+    Tensor bn_w = leaf(ones({3})), bn_b = leaf(zeros({3}));
+    Tensor bn = batch_norm(conv_out, Tensor(), Tensor(), bn_w, bn_b, true);
+    CHECK(bn.dtype() == low);
+    CHECK(bn.grad_fn()->name() == "BatchNormBackward");  // not a cast
+    backward(sum(bn));
+    CHECK(bn_w.grad().dtype() == DType::f32);
+    CHECK(batch_norm(img, Tensor(), Tensor(), Tensor(), Tensor(), true).dtype() == DType::f32);
     // Element-wise ops keep their input's type; a low branch meeting f32 is promoted to f32.
     CHECK(gelu_tanh(y).dtype() == low);
     CHECK(add(y, cast(y, DType::f32)).dtype() == DType::f32);

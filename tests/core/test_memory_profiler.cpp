@@ -112,3 +112,34 @@ TEST_CASE("memory profiler: memory.json is a trace with a counter track per cate
   CHECK_THROWS_WITH(prof.summary().device(dev(14)), Catch::Contains("has no device cpu:14"));
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("memory profiler: phase spans come from the phase changes and cover every tagged event", "[profiler]") {
+  const Device d = dev(15);
+  MemoryProfiler prof({d});
+  test::profile_tiny_gpt(prof, d, 2);
+  const std::vector<MemoryProfiler::PhaseSpan> spans = prof.phase_spans();
+  // Two steps: forward, backward, optimizer, twice, in order, each span after the previous one.
+  std::vector<StepPhase> order;
+  for (const auto& sp : spans) order.push_back(sp.phase);
+  using P = StepPhase;
+  CHECK(order == std::vector<StepPhase>{P::forward, P::backward, P::optimizer, P::forward, P::backward, P::optimizer});
+  for (size_t i = 0; i < spans.size(); ++i) {
+    CHECK(spans[i].end_us > spans[i].begin_us);
+    if (i > 0) CHECK(spans[i].begin_us >= spans[i - 1].end_us);
+  }
+  // Every event lies inside a span of its own phase (the optimizer span reaches past the last
+  // gradient free, since it ends when the phase does, not at its last allocation).
+  for (const ProfileEvent& e : prof.events()) {
+    bool inside = false;
+    for (const auto& sp : spans) inside = inside || (sp.phase == e.phase && e.t_us >= sp.begin_us && e.t_us <= sp.end_us);
+    CHECK(inside);
+  }
+  // memory.html draws one strip rectangle per span.
+  const std::string html = prof.html();
+  size_t rects = 0;
+  for (size_t at = html.find("class=\"phase\""); at != std::string::npos; at = html.find("class=\"phase\"", at + 1)) ++rects;
+  CHECK(rects == spans.size());
+  // No listener is left behind: phase changes after stop() are not recorded.
+  { StepPhaseGuard g(StepPhase::forward); }
+  CHECK(prof.phase_spans().size() == spans.size());
+}

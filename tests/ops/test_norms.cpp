@@ -236,3 +236,68 @@ TEST_CASE("batch_norm on meta, in f16/bf16, and its errors", "[norm]") {
                     Catch::Contains("cpu:0") && Catch::Contains("cpu:1"));
   CHECK_THROWS_WITH(batch_norm(x2, zeros({3}), Tensor(), Tensor(), Tensor(), true), Catch::Contains("both"));
 }
+
+TEST_CASE("batch_norm in f32 tracks f64 on planes longer than a block, with the same bits on 1 and 2 threads",
+          "[norm]") {
+  // 3 x 4 planes of 30 x 30 = 900 values (more than one 512-value block), offset by 5 so the
+  // centred second pass matters; an f64 run of the same values is the reference.
+  Tensor x = add(uniform({3, 4, 30, 30}, 41, DType::f32), 5.0), r = uniform({3, 4, 30, 30}, 42, DType::f32);
+  Tensor w = uniform({4}, 43, DType::f32), b = uniform({4}, 44, DType::f32);
+  auto run = [&](DType dt, int threads) {
+    int prev = num_threads();
+    set_num_threads(threads);
+    Tensor xl = leaf(clone(cast(x, dt))), wl = leaf(clone(cast(w, dt))), bl = leaf(clone(cast(b, dt)));
+    Tensor rm = zeros({4}, {.dtype = dt}), rv = ones({4}, {.dtype = dt});
+    Tensor y = batch_norm(xl, rm, rv, wl, bl, true);
+    backward(sum(mul(y, cast(r, dt))));
+    set_num_threads(prev);
+    std::vector<double> out = y.to_vector<double>();
+    for (const Tensor& t : {xl.grad(), wl.grad(), bl.grad(), rm, rv}) {
+      std::vector<double> v = t.to_vector<double>();
+      out.insert(out.end(), v.begin(), v.end());
+    }
+    return out;
+  };
+  std::vector<double> one = run(DType::f32, 1);
+  CHECK(one == run(DType::f32, 2));
+  expect_close(one, run(DType::f64, 2), 2e-5);
+}
+
+TEST_CASE("batch_norm normalises a 16-bit input with f32 weight and bias (mixed precision)", "[norm]") {
+  Tensor x = uniform({4, 3, 6, 5}, 51, DType::f32), r = uniform({4, 3, 6, 5}, 52, DType::f32);
+  Tensor w = uniform({3}, 53, DType::f32), b = uniform({3}, 54, DType::f32);
+  for (auto [dt, tol] : {std::pair{DType::f16, 4e-3}, std::pair{DType::bf16, 3e-2}}) {
+    INFO(dt);
+    Tensor xl = leaf(cast(x, dt)), wl = leaf(clone(w)), bl = leaf(clone(b));
+    Tensor rm = zeros({3}), rv = ones({3});
+    Tensor y = batch_norm(xl, rm, rv, wl, bl, true);
+    CHECK(y.dtype() == dt);
+    backward(sum(mul(y, cast(r, dt))));
+    CHECK(xl.grad().dtype() == dt);
+    CHECK(wl.grad().dtype() == DType::f32);
+    CHECK(bl.grad().dtype() == DType::f32);
+    // The reference: the same (rounded) input in f32 throughout.
+    Tensor xf = leaf(cast(xl.detach(), DType::f32)), wf = leaf(clone(w)), bf = leaf(clone(b));
+    Tensor rmf = zeros({3}), rvf = ones({3});
+    Tensor yf = batch_norm(xf, rmf, rvf, wf, bf, true);
+    backward(sum(mul(yf, cast(cast(r, dt), DType::f32))));
+    expect_close(y.to_vector<double>(), yf.to_vector<double>(), tol);
+    expect_close(xl.grad().to_vector<double>(), xf.grad().to_vector<double>(), tol);
+    expect_close(wl.grad().to_vector<double>(), wf.grad().to_vector<double>(), 1e-5);  // f32 sums of 16-bit terms
+    expect_close(bl.grad().to_vector<double>(), bf.grad().to_vector<double>(), 1e-5);
+    expect_close(rm.to_vector<double>(), rmf.to_vector<double>(), 1e-6);
+    expect_close(rv.to_vector<double>(), rvf.to_vector<double>(), 1e-6);
+    // Only the bias needs a gradient: it is still an f32 sum.
+    Tensor bo = leaf(clone(b));
+    backward(sum(mul(batch_norm(cast(x, dt), Tensor(), Tensor(), w, bo, true), cast(r, dt))));
+    CHECK(bo.grad().dtype() == DType::f32);
+    expect_close(bo.grad().to_vector<double>(), bf.grad().to_vector<double>(), 1e-5);
+  }
+  Tensor x16 = cast(x, DType::bf16);
+  CHECK_THROWS_WITH(batch_norm(x, Tensor(), Tensor(), cast(w, DType::bf16), Tensor(), true),
+                    Catch::Contains("weight") && Catch::Contains("f32") && Catch::Contains("bf16"));
+  CHECK_THROWS_WITH(batch_norm(x16, Tensor(), Tensor(), cast(w, DType::f16), Tensor(), true),
+                    Catch::Contains("weight") && Catch::Contains("or f32") && Catch::Contains("f16"));
+  CHECK_THROWS_WITH(batch_norm(x16, Tensor(), Tensor(), w, cast(b, DType::bf16), true),
+                    Catch::Contains("weight and bias must have one dtype"));
+}
