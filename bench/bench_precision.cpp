@@ -4,7 +4,7 @@
 //     mobilenetv2-32 (batch 64) in fp32, bf16 / fp16 autocast (fp16 with a GradScaler) and
 //     bf16-pure (bf16 parameters, f32 masters in AdamW),
 // each printed with its ratio to fp32 (the target: <= 1.15x).
-// Run: OMP_NUM_THREADS=2 build/<dir>/bench/bench_precision [--steps N] [--skip-mobilenet]
+// Run: OMP_NUM_THREADS=2 build/<dir>/bench/bench_precision [--steps N] [--skip-mobilenet] [--skip-gpt]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -106,20 +106,45 @@ void bench_gemms(int reps) {
   }
 }
 
+// The four modes' models are built once and their steps interleaved (fp32, bf16, fp16,
+// bf16-pure, fp32, ...), so a load change on a shared machine hits every mode alike; each mode's
+// time is the median of its `steps` timed steps after 2 warm-up steps.
 template <class MakeModel>
 void bench_model(const char* title, int steps, MakeModel make) {
-  std::printf("\n%s: one training step, median of %d after 2 warm-up steps (ms; ratio to fp32)\n", title, steps);
-  double base = 0;
-  for (Mode m : {Mode::fp32, Mode::bf16, Mode::fp16, Mode::bf16_pure}) {
+  std::printf("\n%s: one training step, median of %d interleaved steps after 2 warm-up steps (ms; ratio to fp32)\n",
+              title, steps);
+  struct Run {
+    Mode mode;
     std::shared_ptr<Module> model;
     std::function<Tensor()> loss_fn;
-    make(model, loss_fn, m == Mode::bf16_pure);  // bf16-pure: bf16 parameters and inputs
-    if (m == Mode::bf16_pure) model->to(DType::bf16);
-    AdamW opt(weight_decay_groups(model->named_parameters(), 3e-4, 0.01));
+    std::unique_ptr<AdamW> opt;
     GradScaler scaler;
-    const double ms = median_ms(2, steps, [&] { train_step(m, *model, opt, scaler, loss_fn); });
-    if (m == Mode::fp32) base = ms;
-    std::printf("  %-28s %9.1f ms  %5.2fx\n", mode_name(m), ms, ms / base);
+    std::vector<double> ms;
+  };
+  std::vector<std::unique_ptr<Run>> runs;
+  for (Mode m : {Mode::fp32, Mode::bf16, Mode::fp16, Mode::bf16_pure}) {
+    auto r = std::make_unique<Run>();
+    r->mode = m;
+    make(r->model, r->loss_fn, m == Mode::bf16_pure);  // bf16-pure: bf16 parameters and inputs
+    if (m == Mode::bf16_pure) r->model->to(DType::bf16);
+    r->opt = std::make_unique<AdamW>(weight_decay_groups(r->model->named_parameters(), 3e-4, 0.01));
+    runs.push_back(std::move(r));
+  }
+  auto step = [](Run& r) { train_step(r.mode, *r.model, *r.opt, r.scaler, r.loss_fn); };
+  for (auto& r : runs)
+    for (int i = 0; i < 2; ++i) step(*r);
+  for (int i = 0; i < steps; ++i)
+    for (auto& r : runs) {
+      auto t0 = Clock::now();
+      step(*r);
+      r->ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
+  double base = 0;
+  for (auto& r : runs) {
+    std::sort(r->ms.begin(), r->ms.end());
+    const double ms = r->ms[r->ms.size() / 2];
+    if (r->mode == Mode::fp32) base = ms;
+    std::printf("  %-28s %9.1f ms  %5.2fx\n", mode_name(r->mode), ms, ms / base);
   }
 }
 
@@ -127,18 +152,20 @@ void bench_model(const char* title, int steps, MakeModel make) {
 
 int main(int argc, char** argv) {
   int steps = 10;
-  bool mobilenet = true;
+  bool mobilenet = true, gpt = true;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::max(1, std::atoi(argv[++i]));
     else if (!std::strcmp(argv[i], "--skip-mobilenet")) mobilenet = false;
+    else if (!std::strcmp(argv[i], "--skip-gpt")) gpt = false;
     else {
-      std::fprintf(stderr, "usage: %s [--steps N] [--skip-mobilenet]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--steps N] [--skip-mobilenet] [--skip-gpt]\n", argv[0]);
       return 2;
     }
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   bench_gemms(steps);
-  bench_model("gpt-mini (8 x 128 tokens)", steps, [](std::shared_ptr<Module>& model, std::function<Tensor()>& loss, bool) {
+  if (gpt)
+    bench_model("gpt-mini (8 x 128 tokens)", steps, [](std::shared_ptr<Module>& model, std::function<Tensor()>& loss, bool) {
     GPTConfig cfg = GPTConfig::named("gpt-mini");
     Generator gen(0);
     auto gpt = std::make_shared<GPT>(cfg, InitOptions{.gen = &gen});

@@ -43,7 +43,7 @@ namespace {
 //   backward: col as above when dW is needed, dcol (Cin*KH*KW, OH*OW) when dx is needed.
 //   f16/bf16 add f32 copies of the weight and of one image's dout / output / dx, and an f32 dW
 //   accumulator; the result is rounded on store. A pointwise f16/bf16 conv stages a group of
-//   images in f32 instead (x, out, dout, dx; at most 4 MiB each, ops/f32_staging.h), so each
+//   images in f32 instead (x, out, dout, dx; at most 512 KiB each, ops/f32_staging.h), so each
 //   group is one GEMM over several images.
 // E.g. MobileNetV2's first conv (3 -> 32, 3x3, 224x224, stride 2): col = 27 x 12544 f32 = 1.3 MiB.
 
