@@ -2,7 +2,10 @@
 // Training normalises with the batch's statistics (biased variance) and, under no_grad, moves
 // running_mean/var towards them (unbiased variance, PyTorch's momentum); eval uses the running
 // statistics. x is viewed as (N, C, S), S = H * W; each channel is reduced by one thread in a
-// fixed order, accumulating in f64, so results do not depend on the thread count.
+// fixed order (vectorised f32 partial sums added into f64, Note [Batch norm sums]), so results
+// do not depend on the thread count. Mixed precision: an f16/bf16 x may come with f32 weight and
+// bias (what autocast passes); it is computed in f32 and y and dx keep x's dtype, dweight and
+// dbias the parameters'.
 //
 // What BatchNormBackward saves: x plus mean and rstd (C each), and weight when dx is needed. As in
 // layer_norm, x-hat would be a fresh (N, C, H, W) tensor, while x is the caller's own (at worst C
