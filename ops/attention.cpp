@@ -16,6 +16,7 @@
 
 #include "core/rng.h"
 #include "ops/autocast_policy.h"
+#include "ops/kernels/elementwise_functors.h"
 #include "ops/cpu_gemm.h"
 #include "ops/cpu_loops.h"
 #include "ops/cuda/launchers.h"
@@ -77,7 +78,8 @@ void forward_kernel(const AttnDims& d, const C* q, const C* k, const C* v, C* p,
     C mx = row[0];
     for (int64_t j = 1; j < L; ++j) mx = std::max(mx, row[j]);
     C sum = 0;
-    for (int64_t j = 0; j < L; ++j) sum += row[j] = std::exp(row[j] - mx);
+    for (int64_t j = 0; j < L; ++j) row[j] = fn::exp(row[j] - mx);  // vectorises; the sum stays in order
+    for (int64_t j = 0; j < L; ++j) sum += row[j];
     for (int64_t j = 0; j < L; ++j) row[j] /= sum;
     std::fill(row + L, row + T, C(0));
     if (pd)

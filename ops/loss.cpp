@@ -14,6 +14,7 @@
 
 #include "core/parallel.h"
 #include "ops/autocast_policy.h"
+#include "ops/kernels/elementwise_functors.h"
 #include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
@@ -62,7 +63,7 @@ double cross_entropy_forward_kernel(const Tensor& lse, const Tensor& x, const Te
       S m = S(row[0]);
       for (int64_t j = 1; j < C; ++j) m = std::max(m, S(row[j * s1]));
       S s = 0;
-      for (int64_t j = 0; j < C; ++j) s += std::exp(S(row[j * s1]) - m);
+      s = fn::exp_sum(row, C, s1, m);
       pl[i] = m + std::log(s);
     }
   });
@@ -95,8 +96,8 @@ void cross_entropy_backward_kernel(const Tensor& dx, const Tensor& x, const Tens
         continue;
       }
       const T* row = px + i * s0;
-      for (int64_t j = 0; j < C; ++j) o[j] = T(std::exp(S(row[j * s1]) - pl[i]) * k);
-      o[t] = T((std::exp(S(row[t * s1]) - pl[i]) - S(1)) * k);
+      for (int64_t j = 0; j < C; ++j) o[j] = T(fn::exp(S(row[j * s1]) - pl[i]) * k);
+      o[t] = T((fn::exp(S(row[t * s1]) - pl[i]) - S(1)) * k);
     }
   });
 }

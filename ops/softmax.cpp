@@ -10,6 +10,7 @@
 
 #include "core/parallel.h"
 #include "ops/autocast_policy.h"
+#include "ops/kernels/elementwise_functors.h"
 #include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
@@ -68,16 +69,17 @@ void softmax_kernel(const Tensor& y, const Tensor& x, const RowLayout& l, Softma
     A s = 0;
     if (kind == SoftmaxKind::softmax) {
       if constexpr (std::is_same_v<T, A>) {  // keep exp(x - m) in y, then scale it
-        for (int64_t k = 0; k < l.n; ++k) s += (yi[k * st] = std::exp(xi[k * st] - m));
+        for (int64_t k = 0; k < l.n; ++k) yi[k * st] = fn::exp(xi[k * st] - m);  // vectorises
+        for (int64_t k = 0; k < l.n; ++k) s += yi[k * st];
         A inv = A(1) / s;
         for (int64_t k = 0; k < l.n; ++k) yi[k * st] *= inv;
       } else {  // 16-bit y: recompute exp rather than round it twice
-        for (int64_t k = 0; k < l.n; ++k) s += std::exp(A(xi[k * st]) - m);
+        s = fn::exp_sum(xi, l.n, st, m);
         A inv = A(1) / s;
-        for (int64_t k = 0; k < l.n; ++k) yi[k * st] = T(std::exp(A(xi[k * st]) - m) * inv);
+        for (int64_t k = 0; k < l.n; ++k) yi[k * st] = T(fn::exp(A(xi[k * st]) - m) * inv);
       }
     } else {
-      for (int64_t k = 0; k < l.n; ++k) s += std::exp(A(xi[k * st]) - m);
+      s = fn::exp_sum(xi, l.n, st, m);
       A lse = m + std::log(s);
       for (int64_t k = 0; k < l.n; ++k) yi[k * st] = T(A(xi[k * st]) - lse);
     }
@@ -101,7 +103,7 @@ void softmax_backward_kernel(const Tensor& dx, const Tensor& dy, const Tensor& y
       for (int64_t k = 0; k < l.n; ++k) o[k * st] = T(A(yi[k * st]) * (A(g[k * st]) - s));
     } else {
       for (int64_t k = 0; k < l.n; ++k) s += A(g[k * st]);
-      for (int64_t k = 0; k < l.n; ++k) o[k * st] = T(A(g[k * st]) - std::exp(A(yi[k * st])) * s);
+      for (int64_t k = 0; k < l.n; ++k) o[k * st] = T(A(g[k * st]) - fn::exp(A(yi[k * st])) * s);
     }
   });
 }

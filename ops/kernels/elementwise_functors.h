@@ -5,6 +5,7 @@
 // the CPU loops from vectorising); double and CUDA device code use the standard functions.
 #pragma once
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "core/half.h"
@@ -26,6 +27,24 @@ template <class T> MG_HOST_DEVICE T tanh(T x) {
 #endif
   return std::tanh(x);
 }
+
+#if !defined(__CUDACC__)
+// sum over k < n of exp(x[k * st] - shift) in the compute type A, added in index order (the
+// same bits as a plain loop of fn::exp): the exponentials run in blocks of 256, which vectorise,
+// and only the sum is serial. Softmax, log-softmax, cross-entropy and attention rows use it.
+template <class A, class T>
+A exp_sum(const T* x, int64_t n, int64_t st, A shift) {
+  constexpr int64_t kBlock = 256;
+  A e[kBlock];
+  A s = 0;
+  for (int64_t b = 0; b < n; b += kBlock) {
+    const int64_t len = n - b < kBlock ? n - b : kBlock;
+    for (int64_t k = 0; k < len; ++k) e[k] = exp(A(x[(b + k) * st]) - shift);
+    for (int64_t k = 0; k < len; ++k) s += e[k];
+  }
+  return s;
+}
+#endif
 
 // ---- forward, unary ----
 struct Neg { template <class T> MG_HOST_DEVICE T operator()(T x) const { return -x; } };
