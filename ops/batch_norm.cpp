@@ -15,9 +15,9 @@
 #include <cmath>
 
 #include "autograd/grad_mode.h"
-#include "core/half_convert.h"
 #include "core/parallel.h"
 #include "ops/autocast_policy.h"
+#include "ops/cpu_loops.h"
 #include "ops/cuda/launchers.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
@@ -64,36 +64,15 @@ void for_channels(const ChannelLayout& l, F f) {
 }
 
 // Note [Batch norm sums]: a channel is walked plane by plane (n = 0, 1, ...) in blocks of
-// kBlock values; 16-bit blocks are converted to f32 on the stack first (convert_span). Within
+// kBlock values; 16-bit blocks are converted to f32 on the stack first (detail::load_block of
+// ops/cpu_loops.h, as the element-wise loops do). Within
 // a block kLanes<S> partial sums run in the compute type (an AVX-512 register's worth of f32, so
 // the loop vectorises) and are added into an f64 total in a fixed order: at most kBlock / 16
 // additions per partial sum in f32, and the bits do not depend on the thread count. f64, the
 // reference dtype of the PyTorch and gradcheck tests, keeps one running sum in plain order.
-constexpr int64_t kBlock = 512;
+constexpr int64_t kBlock = detail::kBlock;  // 256, the element-wise loops' block (ops/cpu_loops.h)
 template <class S>
 constexpr int64_t kLanes = std::is_same_v<S, double> ? 1 : 16;
-
-// The values p[0, n) in the compute type S: p itself, or converted into buf (n <= kBlock).
-template <class S, class T>
-const S* load_block(const T* p, int64_t n, S* buf) {
-  if constexpr (std::is_same_v<S, T>) {
-    return p;
-  } else {
-    convert_span(p, buf, n);
-    return buf;
-  }
-}
-
-// Where a block of results in S goes before store_block: the output itself when it is S.
-template <class S, class T>
-S* result_block(T* p, S* buf) {
-  if constexpr (std::is_same_v<S, T>) return p;
-  else return buf;
-}
-template <class S, class T>
-void store_block(const S* v, int64_t n, T* p) {
-  if constexpr (!std::is_same_v<S, T>) convert_span(v, p, n);
-}
 
 // Calls f(offset, n) for the blocks of channel c's values: offsets into an (N, C, S) tensor.
 template <class F>
@@ -147,11 +126,15 @@ void channel_stats(double* mean, double* var, const Tensor& x, const ChannelLayo
   for_channels(l, [&](int64_t c) {
     S buf[kBlock];
     double s = 0, unused = 0;
-    for_channel_blocks(l, c, [&](int64_t o, int64_t n) { block_sums(load_block(px + o, n, buf), n, S(0), s, unused); });
+    for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
+      block_sums(detail::load_block(px + o, 1, n, buf), n, S(0), s, unused);
+    });
     const double m = s / double(l.count());
     const S ms = S(m);
     double s2 = 0, q = 0;
-    for_channel_blocks(l, c, [&](int64_t o, int64_t n) { block_sums(load_block(px + o, n, buf), n, ms, s2, q); });
+    for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
+      block_sums(detail::load_block(px + o, 1, n, buf), n, ms, s2, q);
+    });
     const double off = m - double(ms);
     mean[c] = m, var[c] = std::max(0.0, q / double(l.count()) - off * off);
   });
@@ -170,17 +153,15 @@ void normalize_kernel(const Tensor& y, const Tensor& x, const Tensor& mean, cons
   const P* pb = b.defined() ? b.data<P>() : nullptr;
   int64_t ws = w.defined() ? w.stride(0) : 0, bs = b.defined() ? b.stride(0) : 0;
   parallel_for(0, l.N * l.C, std::max<int64_t>(1, 16384 / l.S), [&](int64_t pb_, int64_t pe) {
-    S xbuf[kBlock], ybuf[kBlock];
+    S xbuf[kBlock];
     for (int64_t plane = pb_; plane < pe; ++plane) {
       int64_t c = plane % l.C;
       const S scale = pr[c] * (pw ? S(compute_t<P>(pw[c * ws])) : S(1));
       const S shift = (pb ? S(compute_t<P>(pb[c * bs])) : S(0)) - S(pm[c]) * scale;
       for (int64_t s = 0; s < l.S; s += kBlock) {
         const int64_t n = std::min(kBlock, l.S - s);
-        const S* xv = load_block(px + plane * l.S + s, n, xbuf);
-        S* yv = result_block(py + plane * l.S + s, ybuf);
-        for (int64_t i = 0; i < n; ++i) yv[i] = xv[i] * scale + shift;
-        store_block(yv, n, py + plane * l.S + s);
+        const S* xv = detail::load_block(px + plane * l.S + s, 1, n, xbuf);
+        detail::store_block(py + plane * l.S + s, n, [&](int64_t i) { return xv[i] * scale + shift; });
       }
     }
   });
@@ -202,11 +183,12 @@ void batch_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
   P* pdw = dw.defined() ? dw.data<P>() : nullptr;
   P* pdb = db.defined() ? db.data<P>() : nullptr;
   for_channels(l, [&](int64_t c) {
-    S gbuf[kBlock], xbuf[kBlock], obuf[kBlock];
+    S gbuf[kBlock], xbuf[kBlock];
     const S m = pm[c], r = pr[c];
     double sdy = 0, sdyc = 0;  // sum dy, sum dy * (x - mean)
     for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
-      block_grad_sums(load_block(pdy + o, n, gbuf), load_block(px + o, n, xbuf), n, m, sdy, sdyc);
+      block_grad_sums(detail::load_block(pdy + o, 1, n, gbuf), detail::load_block(px + o, 1, n, xbuf), n, m, sdy,
+                      sdyc);
     });
     const double sdyh = sdyc * double(r);  // sum dy * xhat
     if (pdw) pdw[c] = P(S(sdyh));
@@ -219,11 +201,9 @@ void batch_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
     const S a = training ? S(sdy / double(l.count())) : S(0);
     const S bh = training ? S(sdyh / double(l.count())) : S(0);
     for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
-      const S* g = load_block(pdy + o, n, gbuf);
-      const S* xv = load_block(px + o, n, xbuf);
-      S* ov = result_block(pdx + o, obuf);
-      for (int64_t i = 0; i < n; ++i) ov[i] = k * (g[i] - a - (xv[i] - m) * r * bh);
-      store_block(ov, n, pdx + o);
+      const S* g = detail::load_block(pdy + o, 1, n, gbuf);
+      const S* xv = detail::load_block(px + o, 1, n, xbuf);
+      detail::store_block(pdx + o, n, [&](int64_t i) { return k * (g[i] - a - (xv[i] - m) * r * bh); });
     });
   });
 }
