@@ -11,6 +11,8 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "data/token_file.h"
+#include "data/tokenizer.h"
 
 namespace mg {
 
@@ -32,9 +34,7 @@ bool is_gpt(const BenchOptions& o) {
 }
 
 // The device saved activations go to: the next CPU pool, or host memory from a GPU.
-std::string offload_target(const Device& d) {
-  return d.is_cpu() ? "cpu:" + std::to_string(d.index + 1) : std::string("cpu:0");
-}
+Device offload_target(const Device& d) { return d.is_cpu() ? Device(DeviceType::cpu, d.index + 1) : kCPU; }
 
 double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
 
@@ -42,10 +42,9 @@ void fresh_state(const Device& d, const std::vector<Combination>& combos) {
   empty_cache(d);
   reset_peak_stats(d);
   for (const auto& c : combos)
-    if (!c.techniques.offload_activations.empty()) {
-      Device o(c.techniques.offload_activations);
-      empty_cache(o);
-      reset_peak_stats(o);
+    if (c.techniques.offload_activations) {
+      empty_cache(*c.techniques.offload_activations);
+      reset_peak_stats(*c.techniques.offload_activations);
     }
 }
 
@@ -62,12 +61,12 @@ Combination parse_combination(const std::string& text, int64_t batch, const Devi
     auto set_checkpoint = [&](const std::string& policy) {
       MG_CHECK(!checkpoint_set, "bench: '", text, "' names two checkpoint policies");
       checkpoint_set = true;
-      c.techniques.checkpoint = policy;
+      c.techniques.checkpoint = CheckpointPolicy::parse(policy);  // ckpt-everyK: K checked here
     };
     auto set_precision = [&](const std::string& p) {
       MG_CHECK(!precision_set, "bench: '", text, "' names two precisions");
       precision_set = true;
-      c.techniques.precision = p;
+      c.techniques.precision = parse_precision(p);
     };
     if (part == "ckpt") set_checkpoint("blocks");
     else if (part == "ckpt-sqrt") set_checkpoint("sqrt");
@@ -91,7 +90,6 @@ Combination parse_combination(const std::string& text, int64_t batch, const Devi
                "' (known: none, ckpt, ckpt-sqrt, ckpt-everyK, selective, bf16, fp16, bf16pure, accumN, offload)");
     }
   }
-  c.techniques.checkpoint_policy();  // ckpt-everyK: K checked here
   return c;
 }
 
@@ -135,17 +133,27 @@ BenchResult run_bench(const BenchOptions& o) {
   }
   MG_CHECK(!fs::exists(r.out_dir + "/bench.csv"), "bench: '", r.out_dir, "' already holds a bench.csv; choose another --out");
   fs::create_directories(r.out_dir);
+  // GPT: the corpus is tokenized once, into <out>/data.tokens, and every row reads that file.
+  std::string gpt_data = o.data;
+  if (gpt) {
+    const std::string source = o.data.empty() ? kFortunesDir : o.data;
+    if (!(fs::is_regular_file(source) && is_token_file(source))) {
+      MG_CHECK(fs::exists(source), "bench: --data '", source, "' does not exist");
+      gpt_data = r.out_dir + "/data.tokens";
+      tokenize_files({source}, gpt_data);
+    }
+  }
 
   for (const Combination& c : combos) {
     fresh_state(device, combos);
     const std::string run_dir = r.out_dir + "/runs/" + c.name;
     fs::remove_all(run_dir);
-    BenchRow row{c.name, c.techniques, {}, 0, 0, 0, 0};
+    BenchRow row{.name = c.name, .techniques = c.techniques};
     if (gpt) {
       GptTrainOptions t;
       t.config = o.model;
       t.model = o.gpt;
-      t.data = o.data;
+      t.data = gpt_data;
       t.steps = o.steps;
       t.batch = r.batch;
       t.seed = o.seed;
@@ -153,10 +161,11 @@ BenchResult run_bench(const BenchOptions& o) {
       t.out = run_dir;
       t.eval_every = o.steps;
       t.eval_windows = 4;
-      t.checkpoint_every = o.steps;
+      t.save_checkpoints = false;
       t.techniques = c.techniques;
       t.progress = ProgressStyle::none;
       GptTrainResult g = gpt_train(t);
+      row.offloaded_bytes = g.offloaded_bytes;
       row.memory = g.memory;
       row.ms_per_step = g.ms_per_step;
       row.throughput = g.tokens_per_s;
@@ -174,9 +183,11 @@ BenchResult run_bench(const BenchOptions& o) {
       t.seed = o.seed;
       t.device = o.device;
       t.out = run_dir;
+      t.save_checkpoints = false;
       t.techniques = c.techniques;
       t.progress = ProgressStyle::none;
       VisionTrainResult v = vision_train(t);
+      row.offloaded_bytes = v.offloaded_bytes;
       MG_CHECK(v.steps_done == o.steps, "bench: the data gave ", v.steps_done, " steps instead of ", o.steps,
                " (fewer than ", r.batch * o.steps, " training images)");
       row.memory = v.memory;
@@ -205,22 +216,26 @@ std::string BenchResult::table() const {
   char line[512];
   std::snprintf(line, sizeof(line),
                 "memgrad bench: %s, batch %lld, %lld steps (memory: peak allocated MiB per category over the steps "
-                "after the first; ratios to '%s')\n",
-                model.c_str(), (long long)batch, (long long)steps, base.name.c_str());
+                "after the first; ms/step: median of %lld steps after the first; ratios to '%s')\n",
+                model.c_str(), (long long)batch, (long long)steps, (long long)(steps > 2 ? steps - 1 : steps),
+                base.name.c_str());
   os << line;
-  std::snprintf(line, sizeof(line), "%-22s %8s %8s %8s %8s %8s %8s %8s %9s %9s %10s %8s %6s %6s %6s\n", "combination",
-                "param", "grad", "optim", "activ", "work", "input", "total", "reserved", "ms/step", unit.c_str(), "loss",
-                "mem", "act", "time");
+  if (steps - 1 < 5)
+    os << "warning: the times are medians of fewer than 5 steps; give --steps 6 or more for figures to compare\n";
+  std::snprintf(line, sizeof(line), "%-22s %8s %8s %8s %8s %8s %8s %8s %9s %9s %9s %10s %8s %6s %6s %6s\n", "combination",
+                "param", "grad", "optim", "activ", "work", "input", "total", "reserved", "offloaded", "ms/step",
+                unit.c_str(), "loss", "mem", "act", "time");
   os << line;
   for (const BenchRow& row : rows) {
     const auto& c = row.memory.category;
     auto cat = [&](MemoryCategory k) { return mib(c[size_t(k)]); };
     auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
     std::snprintf(line, sizeof(line),
-                  "%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %9.1f %10.0f %8.4f %5.2fx %5.2fx %5.2fx\n",
+                  "%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %9.2f %9.1f %10.0f %8.4f %5.2fx %5.2fx %5.2fx\n",
                   row.name.c_str(), cat(MemoryCategory::parameter), cat(MemoryCategory::gradient),
                   cat(MemoryCategory::optimizer_state), cat(MemoryCategory::activation), cat(MemoryCategory::workspace),
-                  cat(MemoryCategory::input), mib(row.memory.peak), mib(row.memory.reserved), row.ms_per_step,
+                  cat(MemoryCategory::input), mib(row.memory.peak), mib(row.memory.reserved), mib(row.offloaded_bytes),
+                  row.ms_per_step,
                   row.throughput, row.loss, ratio(double(row.memory.peak), double(base.memory.peak)),
                   ratio(double(act(row)), double(act(base))), ratio(row.ms_per_step, base.ms_per_step));
     os << line;
@@ -234,16 +249,16 @@ void write_bench_csv(const BenchResult& r, const std::string& path) {
   const BenchRow& base = r.baseline();
   f << "combination,checkpoint,precision,micro_batch,offload";
   for (MemoryCategory c : kAllMemoryCategories) f << ",peak_" << category_name(c) << "_bytes";
-  f << ",peak_bytes,reserved_bytes,ms_per_step," << (r.unit == "tok/s" ? "tokens_per_s" : "images_per_s")
+  f << ",peak_bytes,reserved_bytes,offloaded_bytes,ms_per_step," << (r.unit == "tok/s" ? "tokens_per_s" : "images_per_s")
     << ",loss,memory_ratio,activation_ratio,time_ratio\n";
   const size_t act = size_t(MemoryCategory::activation);
   for (const BenchRow& row : r.rows) {
-    f << row.name << ',' << row.techniques.checkpoint << ',' << row.techniques.precision << ',' << row.micro_batch
-      << ',' << row.techniques.offload_activations;
+    f << row.name << ',' << row.techniques.checkpoint.str() << ',' << precision_name(row.techniques.precision) << ','
+      << row.micro_batch << ',' << (row.techniques.offload_activations ? row.techniques.offload_activations->str() : "");
     for (MemoryCategory c : kAllMemoryCategories) f << ',' << row.memory.category[size_t(c)];
     char tail[256];
-    std::snprintf(tail, sizeof(tail), ",%lld,%lld,%.3f,%.1f,%.6f,%.4f,%.4f,%.4f\n", (long long)row.memory.peak,
-                  (long long)row.memory.reserved, row.ms_per_step, row.throughput, row.loss,
+    std::snprintf(tail, sizeof(tail), ",%lld,%lld,%lld,%.3f,%.1f,%.6f,%.4f,%.4f,%.4f\n", (long long)row.memory.peak,
+                  (long long)row.memory.reserved, (long long)row.offloaded_bytes, row.ms_per_step, row.throughput, row.loss,
                   base.memory.peak ? double(row.memory.peak) / double(base.memory.peak) : 0.0,
                   base.memory.category[act] ? double(row.memory.category[act]) / double(base.memory.category[act]) : 0.0,
                   base.ms_per_step > 0 ? row.ms_per_step / base.ms_per_step : 0.0);

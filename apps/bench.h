@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "apps/gpt_train.h"
-#include "apps/train_common.h"
+#include "apps/technique_options.h"
 #include "apps/vision_train.h"
 
 namespace mg {
@@ -48,6 +48,7 @@ struct BenchRow {
   double throughput = 0.0;  // tokens/s or images/s
   double loss = 0.0;        // the last step's
   int64_t micro_batch = 0;
+  int64_t offloaded_bytes = 0;  // saved activations parked on the offload device (most in one step)
 };
 
 struct BenchResult {

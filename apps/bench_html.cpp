@@ -1,6 +1,6 @@
-// bench.html: a self-contained page (no scripts, no network) with one stacked bar of peak memory
-// by category per combination, a bar of its median step time on a shared time axis beside it,
-// and the table as HTML. The SVG is static markup, so any browser (or a test) can read it.
+// bench.html: a self-contained page (no scripts, no network) with one stacked bar per combination
+// of its real peak (the allocator's peak allocated bytes, split into what each category held at
+// that moment), a bar of its median step time beside it, both on labelled axes, and the table. The SVG is static markup, so any browser (or a test) can read it.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -26,17 +26,15 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
   constexpr double kLabelW = 190, kMemW = 420, kGap = 40, kTimeW = 260, kRowH = 26, kTop = 40;
   double max_mem = 1, max_ms = 1e-9;
   for (const BenchRow& row : r.rows) {
-    double sum = 0;
-    for (MemoryCategory c : kAllMemoryCategories) sum += double(row.memory.category[size_t(c)]);
-    max_mem = std::max(max_mem, sum);
+    max_mem = std::max(max_mem, double(row.memory.peak));
     max_ms = std::max(max_ms, row.ms_per_step);
   }
-  const double width = kLabelW + kMemW + kGap + kTimeW + 80, height = kTop + kRowH * double(r.rows.size()) + 60;
+  const double width = kLabelW + kMemW + kGap + kTimeW + 80, height = kTop + kRowH * double(r.rows.size()) + 80;
   const double time_x = kLabelW + kMemW + kGap;
   std::ostringstream svg;
   svg << "<svg id=\"bench-chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
-  svg << "<text x=\"" << kLabelW << "\" y=\"20\">peak memory by category (sum of each category's peak, MiB)</text>\n";
+  svg << "<text x=\"" << kLabelW << "\" y=\"20\">peak allocated memory (MiB), split by what each category held at the peak</text>\n";
   svg << "<text x=\"" << time_x << "\" y=\"20\">median step time (ms)</text>\n";
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const BenchRow& row = r.rows[i];
@@ -44,7 +42,7 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
     svg << "<text x=\"4\" y=\"" << y + 15 << "\">" << html_escape(row.name) << "</text>\n";
     double x = kLabelW;
     for (MemoryCategory c : kAllMemoryCategories) {
-      const double bytes = double(row.memory.category[size_t(c)]);
+      const double bytes = double(row.memory.at_peak[size_t(c)]);
       if (bytes <= 0) continue;
       const double w = kMemW * bytes / max_mem;
       svg << "<rect class=\"mem\" data-category=\"" << category_name(c) << "\" data-bytes=\"" << int64_t(bytes)
@@ -53,14 +51,28 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
           << fmt("%.2f", bytes / 1048576.0) << " MiB</title></rect>\n";
       x += w;
     }
+    svg << "<text class=\"peak\" data-bytes=\"" << row.memory.peak << "\" x=\"" << x + 4 << "\" y=\"" << y + 15 << "\">"
+        << fmt("%.2f", double(row.memory.peak) / 1048576.0) << "</text>\n";
     const double tw = kTimeW * row.ms_per_step / max_ms;
     svg << "<rect class=\"time\" data-ms=\"" << fmt("%.3f", row.ms_per_step) << "\" x=\"" << time_x << "\" y=\"" << y
         << "\" width=\"" << tw << "\" height=\"" << kRowH - 6 << "\" fill=\"#888\"/>\n";
     svg << "<text x=\"" << time_x + tw + 4 << "\" y=\"" << y + 15 << "\">" << fmt("%.1f", row.ms_per_step)
         << "</text>\n";
   }
-  // Time axis: ticks at quarters of the slowest step.
+  // Axes: MiB under the memory bars, ms under the time bars, ticks at quarters of the largest.
   const double axis_y = kTop + kRowH * double(r.rows.size()) + 6;
+  svg << "<line x1=\"" << kLabelW << "\" y1=\"" << axis_y << "\" x2=\"" << kLabelW + kMemW << "\" y2=\"" << axis_y
+      << "\" stroke=\"#333\"/>\n";
+  for (int q = 0; q <= 4; ++q) {
+    const double mx = kLabelW + kMemW * q / 4.0;
+    svg << "<line x1=\"" << mx << "\" y1=\"" << axis_y << "\" x2=\"" << mx << "\" y2=\"" << axis_y + 5
+        << "\" stroke=\"#333\"/><text x=\"" << mx - 10 << "\" y=\"" << axis_y + 18 << "\">"
+        << fmt("%.0f", max_mem / 1048576.0 * q / 4.0) << "</text>\n";
+  }
+  svg << "<text class=\"axis-label\" x=\"" << kLabelW + kMemW / 2 - 50 << "\" y=\"" << axis_y + 32
+      << "\">peak allocated (MiB)</text>\n";
+  svg << "<text class=\"axis-label\" x=\"" << time_x + kTimeW / 2 - 60 << "\" y=\"" << axis_y + 32
+      << "\">median step time (ms)</text>\n";
   svg << "<line x1=\"" << time_x << "\" y1=\"" << axis_y << "\" x2=\"" << time_x + kTimeW << "\" y2=\"" << axis_y
       << "\" stroke=\"#333\"/>\n";
   for (int q = 0; q <= 4; ++q) {
@@ -71,8 +83,8 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
   }
   double lx = kLabelW;
   for (MemoryCategory c : kAllMemoryCategories) {
-    svg << "<rect x=\"" << lx << "\" y=\"" << axis_y + 30 << "\" width=\"10\" height=\"10\" fill=\"" << category_color(c)
-        << "\"/><text x=\"" << lx + 13 << "\" y=\"" << axis_y + 39 << "\">" << category_name(c) << "</text>\n";
+    svg << "<rect x=\"" << lx << "\" y=\"" << axis_y + 44 << "\" width=\"10\" height=\"10\" fill=\"" << category_color(c)
+        << "\"/><text x=\"" << lx + 13 << "\" y=\"" << axis_y + 53 << "\">" << category_name(c) << "</text>\n";
     lx += 30 + 7.0 * double(category_name(c).size());  // ~7 px per character at this font size
   }
   svg << "</svg>\n";

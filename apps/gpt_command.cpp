@@ -1,16 +1,17 @@
-// `memgrad gpt train` and `memgrad gpt sample`: the command line over apps/gpt_train.h. train
-// builds a named GPT configuration, trains it on the fortunes corpus (or --data) into a run
-// directory and prints loss, validation loss, throughput and memory; --resume continues a run
-// from its last checkpoint. sample continues a prompt with the run's latest weights.
+// `memgrad gpt train|eval|sample`: the command line over apps/gpt_train.h. train builds a named
+// GPT configuration (or starts from a Hugging Face GPT-2 file), trains it on the fortunes corpus
+// (or --data) into a run directory and prints loss, validation loss, throughput and memory;
+// --resume continues a run from its last checkpoint. eval prints a run's validation loss and
+// perplexity; sample continues a prompt with the run's latest weights.
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <memory>
 
 #include "apps/commands.h"
-#include "apps/technique_flags.h"
+#include "apps/run_setup.h"
+#include "apps/train_flags.h"
 #include "apps/gpt_train.h"
-#include "apps/train_common.h"
 #include "core/allocator.h"
 #include "core/error.h"
 
@@ -43,30 +44,20 @@ void add_gpt_command(CLI::App& app) {
   auto t = std::make_shared<GptTrainOptions>();
   CLI::App* train = gpt->add_subcommand("train", "Train a GPT into a run directory (or continue one)");
   // Flags that change the math of a run; with --resume the run's config.json fixes them.
-  std::vector<CLI::Option*> fixed = {
-      train->add_option("--config", t->config, "model configuration: gpt-mini, gpt-small, gpt2-124m")
-          ->capture_default_str(),
-      train->add_option("--data", t->data,
-                        "a text file, a folder of text or a token file (default: the fortunes corpus in " +
-                            std::string(kFortunesDir) + ")"),
-      train->add_option("--batch", t->batch, "sequences per step")->capture_default_str(),
-      train->add_option("--lr", t->lr, "peak learning rate (AdamW, cosine schedule with warmup)")->capture_default_str(),
-      train->add_option("--weight-decay", t->weight_decay, "AdamW weight decay on rank >= 2 parameters")
-          ->capture_default_str(),
-      train->add_option("--grad-clip", t->grad_clip, "clip the global gradient norm to this")->capture_default_str(),
-      train->add_option("--warmup", t->warmup, "warmup steps (default: 5% of --steps)"),
-      train->add_option("--seed", t->seed, "seed of weights, data windows and dropout")->capture_default_str(),
-      train->add_option("--eval-every", t->eval_every, "validation loss every N steps")->capture_default_str(),
-      train->add_option("--checkpoint-every", t->checkpoint_every, "write a checkpoint every N steps")
-          ->capture_default_str(),
-      train->add_option("--out", t->out, "run directory (default: runs/<config>-<date>-<time>)"),
-  };
+  std::vector<CLI::Option*> fixed = add_train_flags(train, *t, "runs/<config>-<date>-<time>");
+  for (CLI::Option* f : {
+           train->add_option("--config", t->config, "model configuration: gpt-mini, gpt-small, gpt2-124m")
+               ->capture_default_str(),
+           train->add_option("--data", t->data,
+                             "a text file, a folder of text or a token file (default: the fortunes corpus in " +
+                                 std::string(kFortunesDir) + ")"),
+           train->add_option("--init-from", t->init_from,
+                             "start from a Hugging Face GPT-2 model.safetensors (its shapes must match --config)"),
+           train->add_option("--eval-every", t->eval_every, "validation loss every N steps")->capture_default_str(),
+       })
+    fixed.push_back(f);
   CLI::Option* steps = train->add_option("--steps", t->steps, "training steps (with --resume: a new total)")
                            ->capture_default_str();
-  train->add_option("--resume", t->resume, "continue the run in this directory from its checkpoint");
-  train->add_option("--device", t->device, "device, e.g. cpu:0")->capture_default_str();
-  train->add_option("--memory-limit", t->memory_limit, "memory budget of the device, e.g. 512MiB");
-  for (CLI::Option* f : add_technique_flags(train, t->techniques)) fixed.push_back(f);
   train->callback([t, fixed, steps] {
     GptTrainOptions o = *t;
     if (!o.resume.empty()) {
@@ -83,6 +74,8 @@ void add_gpt_command(CLI::App& app) {
   sample->add_option("--tokens", s->tokens, "new tokens (bytes) to sample")->capture_default_str();
   sample->add_option("--temperature", s->temperature, "softmax temperature; 0 = greedy")->capture_default_str();
   sample->add_option("--top-k", s->top_k, "sample among the k most likely tokens; 0 = all")->capture_default_str();
+  sample->add_option("--top-p", s->top_p, "sample among the most likely tokens whose probabilities sum to p; 1 = all")
+      ->capture_default_str();
   sample->add_option("--seed", s->seed, "sampling seed")->capture_default_str();
   sample->add_option("--device", s->device, "device, e.g. cpu:0")->capture_default_str();
   sample->callback([s] {
@@ -90,6 +83,19 @@ void add_gpt_command(CLI::App& app) {
     std::printf("%s\n", r.text.c_str());
     std::fflush(stdout);  // the text first, then the figures on stderr (kept out of a redirected sample)
     std::fprintf(stderr, "gpt sample: %lld tokens at %.1f tokens/s\n", (long long)s->tokens, r.tokens_per_s);
+  });
+
+  auto e = std::make_shared<GptEvalOptions>();
+  CLI::App* eval = gpt->add_subcommand("eval", "Print a trained run's validation loss and perplexity");
+  eval->add_option("--run", e->run, "run directory (from gpt train)")->required();
+  eval->add_option("--data", e->data, "a text or token file to evaluate on instead of the run's validation split");
+  eval->add_option("--windows", e->windows, "windows of context tokens to evaluate (default: the run's)");
+  eval->add_option("--batch", e->batch, "windows per batch (default: the run's)");
+  eval->add_option("--device", e->device, "device, e.g. cpu:0")->capture_default_str();
+  eval->callback([e] {
+    GptEvalResult r = gpt_eval(*e);
+    std::printf("gpt eval: %s  val loss %.4f  perplexity %.3f  (%lld windows, %lld tokens)  %.0f tokens/s\n",
+                e->run.c_str(), r.loss, r.perplexity, (long long)r.windows, (long long)r.tokens, r.tokens_per_s);
   });
 }
 

@@ -1,8 +1,8 @@
-// GPT training and sampling (see gpt_train.h). One step: the next batch of random windows ->
-// loss -> backward -> clip the global gradient norm -> AdamW at the schedule's lr -> drop the
-// gradients. Everything random derives from the seed: the weights (their own generator, used
-// once), the windows (a pure function of (seed, epoch, index), so the loader's position is all a
-// checkpoint needs) and dropout (dropout_generator(), whose state the checkpoint saves).
+// GPT training, evaluation and sampling (see gpt_train.h). Training plugs the GPT's parts into
+// the shared loop (apps/training_loop.h): random windows of the token file as batches, the model's
+// next-token loss, validation loss every eval_every steps. Everything random derives from the
+// seed: the weights (their own generator, used once), the windows (a pure function of (seed,
+// epoch, index), so the loader's position is all a checkpoint needs) and dropout.
 #include "apps/gpt_train.h"
 
 #include <chrono>
@@ -12,7 +12,7 @@
 #include <fstream>
 
 #include "apps/run_dir.h"
-#include "apps/train_common.h"
+#include "apps/run_setup.h"
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -37,13 +37,6 @@ constexpr const char* kCacheFile = "data.tokens";  // the tokenized corpus, insi
 constexpr double kValFraction = 0.1;
 // Keys that split the seed into independent streams.
 constexpr uint64_t kInitKey = 1, kDataKey = 2, kDropoutKey = 3;
-const std::vector<std::string> kColumns = {"step", "loss", "val_loss", "lr", "time_s", "peak_bytes"};
-
-bool is_token_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  char magic[8] = {};
-  return f.read(magic, 8) && std::memcmp(magic, kTokenFileMagic, 8) == 0;
-}
 
 // --data -> the token file to train on: used as is when it is one (by its magic), otherwise the
 // text (a file or a folder) is byte-tokenized into <run>/data.tokens. Returns config.json's "data".
@@ -77,48 +70,26 @@ std::string token_file_of(const RunDir& run, const nlohmann::json& data) {
 
 nlohmann::json make_config(const GptTrainOptions& o, const GPTConfig& cfg, const nlohmann::json& data,
                            const LrSchedule& sched) {
-  return {{"command", kCmd},
-          {"model_name", o.model ? std::string("custom") : o.config},
-          {"model", cfg.to_json()},
-          {"data", data},
-          {"optimizer", {{"type", "AdamW"}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-                         {"weight_decay_on", "parameters of rank >= 2"}, {"grad_clip", o.grad_clip}}},
-          {"schedule", {{"kind", "cosine"}, {"warmup_steps", sched.warmup_steps},
-                        {"total_steps", sched.total_steps}, {"min_lr", sched.min_lr}}},
-          {"seed", o.seed}, {"batch", o.batch}, {"steps", o.steps}, {"eval_every", o.eval_every},
-          {"eval_windows", o.eval_windows}, {"checkpoint_every", o.checkpoint_every}, {"device", o.device},
-          {"techniques", o.techniques.to_json()}};
-}
-
-// The run's settings from its config.json (resuming); `o` keeps device, limit, progress, stop_after.
-GPTConfig read_config(const nlohmann::json& c, GptTrainOptions& o, LrSchedule& sched) {
-  try {
-    const auto& opt = c.at("optimizer");
-    o.lr = opt.at("lr");
-    o.weight_decay = opt.at("weight_decay");
-    o.grad_clip = opt.at("grad_clip");
-    const auto& s = c.at("schedule");
-    sched = LrSchedule::cosine(o.lr, s.at("warmup_steps"), s.at("total_steps"), s.at("min_lr"));
-    o.seed = c.at("seed");
-    o.batch = c.at("batch");
-    o.steps = c.at("steps");
-    o.eval_every = c.at("eval_every");
-    o.eval_windows = c.at("eval_windows");
-    o.checkpoint_every = c.at("checkpoint_every");
-    o.techniques = o.techniques.from_config(c);
-    return GPTConfig::from_json(c.at("model"));
-  } catch (const nlohmann::json::exception& e) {
-    MG_THROW(kCmd, ": config.json of '", o.resume, "' is incomplete or malformed: ", e.what());
-  }
+  nlohmann::json c = {{"command", kCmd},
+                      {"model_name", o.model ? std::string("custom") : o.config},
+                      {"model", cfg.to_json()},
+                      {"data", data},
+                      {"steps", o.steps},
+                      {"eval_every", o.eval_every},
+                      {"eval_windows", o.eval_windows}};
+  if (!o.init_from.empty()) c["init_from"] = fs::absolute(o.init_from).lexically_normal().string();
+  c.update(o.to_config(sched));
+  return c;
 }
 
 void check_options(const GptTrainOptions& o) {
+  o.validate(kCmd);
   MG_CHECK(o.steps > 0, kCmd, ": --steps must be positive, got ", o.steps);
-  MG_CHECK(o.batch > 0, kCmd, ": --batch must be positive, got ", o.batch);
-  MG_CHECK(o.lr > 0 && std::isfinite(o.lr), kCmd, ": --lr must be a positive number, got ", o.lr);
   MG_CHECK(o.eval_every > 0 && o.checkpoint_every > 0, kCmd, ": --eval-every and --checkpoint-every must be positive");
   MG_CHECK(o.warmup < o.steps, kCmd, ": --warmup (", o.warmup, ") must be smaller than --steps (", o.steps, ")");
   MG_CHECK(o.eval_windows > 0, kCmd, ": eval_windows must be positive, got ", o.eval_windows);
+  MG_CHECK(o.init_from.empty() || fs::is_regular_file(o.init_from), kCmd, ": --init-from '", o.init_from,
+           "' is not a file (give a Hugging Face GPT-2 model.safetensors)");
   o.techniques.validate(o.batch, Device(o.device));
 }
 
@@ -142,13 +113,12 @@ double unigram_entropy(const TokenFile& file, TokenRegion region) {
   return h;
 }
 
-// Mean loss over the fixed validation windows (eval mode, no graph).
+// Mean loss over the windows of `val` (eval mode, no graph), weighted by counted targets.
 double validation_loss(GPT& model, const std::shared_ptr<const Dataset>& val, int64_t batch, Device device,
                        Precision precision) {
   NoGradGuard no_grad;
-  AutocastGuard autocast(precision == Precision::fp16 ? DType::f16 : DType::bf16,
-                         precision == Precision::fp16 || precision == Precision::bf16);
-  model.eval();
+  AutocastGuard autocast(autocast_for(precision));
+  EvalGuard eval_mode(model);
   DataLoader loader(val, {.batch_size = batch, .prefetch = 0, .device = device});
   double sum = 0.0;
   int64_t n = 0;
@@ -156,8 +126,28 @@ double validation_loss(GPT& model, const std::shared_ptr<const Dataset>& val, in
     sum += model.loss(b->input, b->target).item() * double(b->size());
     n += b->size();
   }
-  model.train();
   return sum / double(n);
+}
+
+// How many next-token targets of batch rows [begin, begin + count) the loss counts (GPT::loss
+// ignores GPT::kIgnoreIndex targets): the micro-batch's weight in gradient accumulation.
+double counted_targets(const Tensor& target, int64_t begin, int64_t count) {
+  Tensor t = contiguous(narrow(target, 0, begin, count));
+  const int64_t* p = t.data<int64_t>();
+  int64_t n = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) n += p[i] != GPT::kIgnoreIndex;
+  return double(n);
+}
+
+// Validation windows of the token file's last kValFraction (all of `region` when given).
+std::shared_ptr<const Dataset> validation_windows(const std::shared_ptr<const TokenFile>& file, TokenRegion region,
+                                                  int64_t context, int64_t windows) {
+  const int64_t available = (region.end - region.begin - 1) / context;
+  MG_CHECK(available >= 1, "gpt: the validation split of '", file->path(), "' (", region.end - region.begin,
+           " tokens) is shorter than one window of ", context + 1, " tokens\n  hint: use more text or a smaller context");
+  return std::make_shared<TokenWindowDataset>(
+      file, TokenWindowOptions{.context = context, .region = region, .random = false,
+                               .samples_per_epoch = std::min(windows, available)});
 }
 
 }  // namespace
@@ -175,7 +165,15 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   nlohmann::json config;
   if (resuming) {
     config = run.read_config();
-    cfg = read_config(config, o, sched);
+    sched = o.read_config(config, kCmd);
+    try {
+      o.steps = config.at("steps");
+      o.eval_every = config.at("eval_every");
+      o.eval_windows = config.at("eval_windows");
+      cfg = GPTConfig::from_json(config.at("model"));
+    } catch (const nlohmann::json::exception& e) {
+      MG_THROW(kCmd, ": config.json of '", o.resume, "' is incomplete or malformed: ", e.what());
+    }
     if (in.resume_steps > 0 && in.resume_steps != o.steps) {  // a new total: the schedule stretches
       const int64_t done = run.read_checkpoint_state().step;
       MG_CHECK(in.resume_steps >= done && in.resume_steps > sched.warmup_steps, kCmd, ": --steps ", in.resume_steps,
@@ -189,8 +187,7 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     check_options(o);
     cfg = o.model ? *o.model : GPTConfig::named(o.config);
     cfg.validate();
-    const int64_t warmup = o.warmup >= 0 ? o.warmup : o.steps / 20;
-    sched = LrSchedule::cosine(o.lr, warmup, o.steps, o.lr * o.min_lr_ratio);
+    sched = o.schedule(o.steps);
     config = make_config(o, cfg, prepare_data(run, o.data, data_note), sched);
     run.write_config(config);
   }
@@ -201,113 +198,101 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   auto [train_region, val_region] = split_train_val(file->size(), config["data"].value("val_fraction", kValFraction));
   auto train_set = std::make_shared<TokenWindowDataset>(
       file, TokenWindowOptions{.context = T, .region = train_region, .seed = derive_seed(o.seed, {kDataKey})});
-  const int64_t val_available = (val_region.end - val_region.begin - 1) / T;
-  MG_CHECK(val_available >= 1, kCmd, ": the validation split of '", file->path(), "' (", val_region.end - val_region.begin,
-           " tokens) is shorter than one window of ", T + 1, " tokens\n  hint: use more text or a smaller context");
-  auto val_set = std::make_shared<TokenWindowDataset>(
-      file, TokenWindowOptions{.context = T, .region = val_region, .random = false,
-                               .samples_per_epoch = std::min(o.eval_windows, val_available)});
+  auto val_set = validation_windows(file, val_region, T, o.eval_windows);
   DataLoader loader(train_set, {.batch_size = B, .drop_last = true, .prefetch = 2, .device = device});
 
   Generator init_gen(derive_seed(o.seed, {kInitKey}));
   GPT model(cfg, {.gen = &init_gen, .device = device});
-  const Precision precision = parse_precision(o.techniques.precision);
+  if (!resuming && !o.init_from.empty()) model.load_hf_gpt2(o.init_from);
+  const Precision precision = o.techniques.precision;
   apply_precision(model, precision);  // bf16-pure: bf16 parameters, f32 masters in the optimizer
-  model.set_checkpoint(o.techniques.checkpoint_policy());
-  AdamW opt(weight_decay_groups(model.named_parameters(), o.lr, o.weight_decay));
-  Trainer trainer(model, opt, o.techniques.trainer_options(o.grad_clip));
-  TrainingState state;
-  if (resuming) {
-    state = run.load_checkpoint(model, &opt);
-    MG_CHECK(state.generators.count("dropout"), kCmd, ": the checkpoint of '", run.path(),
-             "' has no dropout generator state");
-    state.generators.at("dropout").restore(dropout_generator());
-    loader.set_position(state.position);
-    if (!state.trainer.empty()) trainer.load_state(state.trainer);
-  } else {
-    dropout_generator().manual_seed(derive_seed(o.seed, {kDropoutKey}));
-  }
-  MetricsWriter metrics(run.metrics_path(), kColumns, resuming ? state.step : -1);
+  model.set_checkpoint(o.techniques.checkpoint);
 
   GptTrainResult r;
-  r.run_dir = run.path();
-  r.first_step = state.step;
-  r.num_parameters = model.num_parameters();
   r.config = cfg;
   r.last_val_loss = std::nan("");
-  Progress progress("gpt train", o.steps, "tok/s", o.progress);
-  if (!data_note.empty()) progress.note(data_note);
   r.unigram_entropy = unigram_entropy(*file, val_region);
+  TrainingTask task;
+  task.command = kCmd;
+  task.unit = "tok/s";
+  task.items_per_example = T;
+  task.eval_column = "val_loss";
+  if (!data_note.empty()) task.notes.push_back(data_note);
+  if (!o.init_from.empty() && !resuming) task.notes.push_back("starting from the weights of " + o.init_from);
   char entropy_note[160];
   std::snprintf(entropy_note, sizeof(entropy_note),
                 "validation split: %lld tokens, unigram entropy %.4f nats/token (the loss of a context-free model)",
                 (long long)(val_region.end - val_region.begin), r.unigram_entropy);
-  progress.note(entropy_note);
-  progress.note("gpt train: " + config.value("model_name", "custom") + " (" + std::to_string(r.num_parameters) +
-                " parameters), batch " + std::to_string(B) + " x " + std::to_string(T) + " tokens, " + sched.str() +
-                ", techniques: " + o.techniques.str() + ", on " + device.str() +
-                (resuming ? ", resuming at step " + std::to_string(state.step) : "") + " -> " + run.path());
-
-  PeakMeter meter(device, state.peak_bytes);
-  StepTimes times;
-  const auto t_start = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return state.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  task.notes.push_back(entropy_note);
+  task.header = config.value("model_name", "custom") + " (" + std::to_string(model.num_parameters()) +
+                " parameters), batch " + std::to_string(B) + " x " + std::to_string(T) + " tokens";
+  task.micro_loss = [&](const Batch& b, int64_t begin, int64_t n) {
+    return model.loss(narrow(b.input, 0, begin, n), narrow(b.target, 0, begin, n));
   };
-  InterruptGuard interrupt;
-  StepProfiler step_profiler(o.techniques, device, state.step, o.steps);
-  int64_t step = state.step;
-  while (step < o.steps) {
-    if (o.stop_after >= 0 && step >= o.stop_after) break;
-    const double lr = sched(step);
-    step_profiler.before_step(step);
-    times.start();
-    meter.begin_step();
-    Batch batch = loader.next_step();  // (B, T) inputs and next-token targets
-    opt.set_lr(lr);
-    const StepReport rep = trainer.step(batch.size(), [&](int64_t b, int64_t n) {
-      return model.loss(narrow(batch.input, 0, b, n), narrow(batch.target, 0, b, n));
-    });
-    const double loss_value = rep.loss;
-    if (rep.retries > 0)
-      progress.note("auto-fit: step " + std::to_string(step + 1) + " ran out of memory; retried with micro-batch " +
-                    std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
-    const int64_t step_peak = meter.end_step();
-    const double secs = times.stop();
-    if (std::string line = step_profiler.after_step(step, run.path()); !line.empty()) progress.note(line);
-    ++step;
+  task.micro_weight = [](const Batch& b, int64_t begin, int64_t n) { return counted_targets(b.target, begin, n); };
+  task.evaluate = [&](int64_t step) -> std::optional<Evaluation> {
+    if (step % o.eval_every != 0 && step != o.steps) return std::nullopt;
+    r.last_val_loss = validation_loss(model, val_set, B, device, precision);
+    char line[96];
+    std::snprintf(line, sizeof(line), "step %lld/%lld: validation loss %.4f (%lld windows)", (long long)step,
+                  (long long)o.steps, r.last_val_loss, (long long)val_set->size());
+    return Evaluation{r.last_val_loss, line};
+  };
+  task.checkpoint_due = [&](int64_t step) { return step % o.checkpoint_every == 0; };
+  task.progress_extra = [&](int64_t, double lr) {  // validation results get lines of their own
+    char extra[32];
+    std::snprintf(extra, sizeof(extra), "lr %.2e", lr);
+    return std::string(extra);
+  };
+  static_cast<TrainResult&>(r) = train_loop({.options = o, .device = device, .run = run, .model = model,
+                                             .loader = loader, .schedule = sched, .total_steps = o.steps,
+                                             .resuming = resuming, .dropout_seed = derive_seed(o.seed, {kDropoutKey})},
+                                            task);
+  r.tokens_per_s = r.items_per_s;
+  return r;
+}
 
-    std::string val_cell;
-    if (step % o.eval_every == 0 || step == o.steps) {
-      r.last_val_loss = validation_loss(model, val_set, B, device, precision);
-      val_cell = csv_number(r.last_val_loss);
+GptEvalResult gpt_eval(const GptEvalOptions& o) {
+  constexpr const char* cmd = "gpt eval";
+  RunDir run = existing_run_dir(o.run, cmd);
+  const nlohmann::json config = run.read_config();
+  MG_CHECK(config.value("command", "") == kCmd, cmd, ": '", o.run, "' is a '", config.value("command", "?"),
+           "' run, not a gpt train run");
+  MG_CHECK(o.windows >= 0 && o.batch >= 0, cmd, ": --windows and --batch must be >= 0");
+  const GPTConfig cfg = GPTConfig::from_json(config.at("model"));
+  const Device device = open_device(o.device, "");
+  std::shared_ptr<const TokenFile> file;
+  TokenRegion region;
+  if (o.data.empty()) {
+    file = std::make_shared<const TokenFile>(token_file_of(run, config.at("data")));
+    region = split_train_val(file->size(), config["data"].value("val_fraction", kValFraction)).second;
+  } else {
+    MG_CHECK(fs::is_regular_file(o.data), cmd, ": --data '", o.data, "' is not a file");
+    std::string path = o.data;
+    if (!is_token_file(o.data)) {  // text: tokenized next to the run's files, once
+      path = run.file("eval-" + fs::path(o.data).filename().string() + ".tokens");
+      tokenize_files({o.data}, path);
     }
-    metrics.write({csv_number(step - 1), csv_number(loss_value), val_cell, csv_number(lr), csv_number(elapsed()),
-                   csv_number(step_peak)});
-    r.last_loss = loss_value;
-    char extra[64];
-    std::snprintf(extra, sizeof(extra), std::isnan(r.last_val_loss) ? "lr %.2e" : "lr %.2e  val %.4f", lr,
-                  r.last_val_loss);
-    progress.update({.done = step, .loss = loss_value, .throughput = double(B * T) / secs,
-                     .allocated = meter.allocated(), .peak = meter.run_peak(), .limit = meter.limit(),
-                     .extra = extra});
-    r.interrupted = interrupt.raised() && step < o.steps;
-    if (step % o.checkpoint_every == 0 || step == o.steps || r.interrupted) {
-      run.save_checkpoint(model, opt, {.step = step, .position = loader.position(),
-                                       .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
-                                       .elapsed_s = elapsed(), .peak_bytes = meter.run_peak(),
-                                       .trainer = trainer.state()});
-    }
-    if (r.interrupted) break;
+    file = std::make_shared<const TokenFile>(path);
+    region = {0, file->size()};
   }
-  progress.finish();
-  r.steps_done = step;
-  r.ms_per_step = 1000.0 * times.median();
-  r.tokens_per_s = times.count() ? double(B * T) / times.median() : 0.0;
-  r.peak_bytes = meter.run_peak();
-  r.memory = StepMemory::of(meter);
-  r.micro_batch = trainer.micro_batch();
-  r.skipped_steps = trainer.scaler() ? trainer.scaler()->skipped_steps() : 0;
+  const int64_t windows = o.windows > 0 ? o.windows : config.value("eval_windows", int64_t(32));
+  const int64_t batch = o.batch > 0 ? o.batch : config.value("batch", int64_t(8));
+  auto val = validation_windows(file, region, cfg.context, windows);
+
+  Generator scratch(0);  // initial values are overwritten by the checkpoint
+  GPT model(cfg, {.gen = &scratch, .device = device});
+  const Precision precision = TechniqueOptions{}.from_config(config).precision;
+  apply_precision(model, precision);
+  run.load_weights(model);
+  const auto t0 = std::chrono::steady_clock::now();
+  GptEvalResult r;
+  r.loss = validation_loss(model, val, batch, device, precision);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.perplexity = std::exp(r.loss);
+  r.windows = val->size();
+  r.tokens = r.windows * cfg.context;
+  r.tokens_per_s = secs > 0 ? double(r.tokens) / secs : 0.0;
   return r;
 }
 
@@ -323,11 +308,12 @@ GptSampleResult gpt_sample(const GptSampleOptions& o) {
   MG_CHECK(o.tokens >= 0, "gpt sample: --tokens must be >= 0, got ", o.tokens);
   MG_CHECK(o.temperature >= 0, "gpt sample: --temperature must be >= 0, got ", o.temperature);
   MG_CHECK(o.top_k >= 0, "gpt sample: --top-k must be >= 0, got ", o.top_k);
+  MG_CHECK(o.top_p > 0 && o.top_p <= 1, "gpt sample: --top-p must be in (0, 1], got ", o.top_p);
   const Device device = open_device(o.device, "");
 
   Generator scratch(0);  // initial values are overwritten by the checkpoint
   GPT model(cfg, {.gen = &scratch, .device = device});
-  apply_precision(model, parse_precision(TechniqueOptions{}.from_config(config).precision));
+  apply_precision(model, TechniqueOptions{}.from_config(config).precision);
   run.load_weights(model);
   model.eval();
   ByteTokenizer tok;
@@ -335,7 +321,7 @@ GptSampleResult gpt_sample(const GptSampleOptions& o) {
   std::vector<int64_t> prompt(encoded.begin(), encoded.end());
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> out =
-      model.generate(prompt, o.tokens, {.temperature = o.temperature, .top_k = o.top_k, .seed = o.seed});
+      model.generate(prompt, o.tokens, {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.seed});
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<uint32_t> all(out.begin(), out.end());
   GptSampleResult r;

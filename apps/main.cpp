@@ -68,7 +68,13 @@ int main(int argc, char** argv) {
     std::vector<CLI::App*> chosen = app.get_subcommands();
     if (chosen.empty() && argc > 1 && argv[1][0] != '-')
       return fail(std::string("unknown subcommand '") + argv[1] + "' (see 'memgrad --help')");
-    std::string help = chosen.empty() ? "memgrad --help" : "memgrad " + chosen.back()->get_name() + " --help";
+    // The deepest subcommand that was chosen ("memgrad gpt train --help", not "memgrad gpt --help").
+    std::string help = "memgrad";
+    for (CLI::App* sub = &app; !sub->get_subcommands().empty();) {
+      sub = sub->get_subcommands().back();
+      help += " " + sub->get_name();
+    }
+    help += " --help";
     return fail(std::string(e.what()) + " (see '" + help + "')");
   } catch (const mg::Error& e) {
     return fail(e.what());

@@ -69,7 +69,7 @@ std::string Progress::format(const ProgressStats& s, bool with_bar) const {
   if (!s.extra.empty()) line += "  " + s.extra;
   // Time left from the steps this process ran (a resumed run starts counting at its first update).
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  if (with_bar && first_done_ >= 0 && s.done > first_done_ && s.done < total_)
+  if (first_done_ >= 0 && s.done > first_done_ && s.done < total_)
     line += "  eta " + format_duration(secs / double(s.done - first_done_) * double(total_ - s.done));
   return line;
 }

@@ -1,7 +1,7 @@
 // Training progress for people and for logs: on a terminal (isatty) one line redrawn in place
 // with \r (a bar, step, loss, throughput, memory allocated / peak / limit, time left); when
-// the output is a file or a pipe, plain lines every few steps instead, so logs stay readable
-// and grep-able. Redraws are throttled, so progress costs nothing next to a training step.
+// the output is a file or a pipe, plain lines every few steps instead (the same figures and time
+// left, each of the step the line is about), so logs stay readable and grep-able. Redraws are throttled, so progress costs nothing next to a training step.
 #pragma once
 #include <chrono>
 #include <cstdint>

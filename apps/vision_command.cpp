@@ -8,8 +8,8 @@
 #include <memory>
 
 #include "apps/commands.h"
-#include "apps/technique_flags.h"
-#include "apps/train_common.h"
+#include "apps/run_setup.h"
+#include "apps/train_flags.h"
 #include "apps/vision_train.h"
 #include "core/allocator.h"
 #include "core/error.h"
@@ -42,31 +42,21 @@ void add_vision_command(CLI::App& app) {
   auto t = std::make_shared<VisionTrainOptions>();
   CLI::App* train = vision->add_subcommand("train", "Train MobileNetV2 into a run directory (or continue one)");
   // Flags that change the math of a run; with --resume the run's config.json fixes them.
-  std::vector<CLI::Option*> fixed = {
-      train->add_option("--model", t->model, "model configuration: mobilenetv2-32, mobilenetv2-224")
-          ->capture_default_str(),
-      train->add_option("--data", t->data, "fashion-mnist, or an image folder (<class>/<image>, or train/ + test/)")
-          ->capture_default_str(),
-      train->add_option("--input-size", t->input_size, "square input size (default: the model's)"),
-      train->add_option("--width-mult", t->width_mult, "channel width multiplier (default: the model's)"),
-      train->add_flag("--augment", t->augment, "random crop and horizontal flip"),
-      train->add_option("--batch", t->batch, "images per step")->capture_default_str(),
-      train->add_option("--lr", t->lr, "peak learning rate (AdamW, cosine schedule with warmup)")->capture_default_str(),
-      train->add_option("--weight-decay", t->weight_decay, "AdamW weight decay on rank >= 2 parameters")
-          ->capture_default_str(),
-      train->add_option("--warmup", t->warmup, "warmup steps (default: 5% of the steps)"),
-      train->add_option("--seed", t->seed, "seed of weights, shuffling, augmentation and dropout")->capture_default_str(),
-      train->add_option("--limit-train", t->limit_train, "use the first N training images (0: all)"),
-      train->add_option("--limit-test", t->limit_test, "use the first N test images (0: all)"),
-      train->add_option("--checkpoint-every", t->checkpoint_every, "steps between checkpoints (0: every epoch)"),
-      train->add_option("--out", t->out, "run directory (default: runs/<model>-<date>-<time>)"),
-  };
+  std::vector<CLI::Option*> fixed = add_train_flags(train, *t, "runs/<model>-<date>-<time>");
+  for (CLI::Option* f : {
+           train->add_option("--model", t->model, "model configuration: mobilenetv2-32, mobilenetv2-224")
+               ->capture_default_str(),
+           train->add_option("--data", t->data, "fashion-mnist, or an image folder (<class>/<image>, or train/ + test/)")
+               ->capture_default_str(),
+           train->add_option("--input-size", t->input_size, "square input size (default: the model's)"),
+           train->add_option("--width-mult", t->width_mult, "channel width multiplier (default: the model's)"),
+           train->add_flag("--augment", t->augment, "random crop and horizontal flip"),
+           train->add_option("--limit-train", t->limit_train, "use the first N training images (0: all)"),
+           train->add_option("--limit-test", t->limit_test, "use the first N test images (0: all)"),
+       })
+    fixed.push_back(f);
   CLI::Option* epochs = train->add_option("--epochs", t->epochs, "epochs (with --resume: a new total)")
                             ->capture_default_str();
-  train->add_option("--resume", t->resume, "continue the run in this directory from its checkpoint");
-  train->add_option("--device", t->device, "device, e.g. cpu:0")->capture_default_str();
-  train->add_option("--memory-limit", t->memory_limit, "memory budget of the device, e.g. 512MiB");
-  for (CLI::Option* f : add_technique_flags(train, t->techniques)) fixed.push_back(f);
   train->callback([t, fixed, epochs] {
     VisionTrainOptions o = *t;
     if (!o.resume.empty()) {

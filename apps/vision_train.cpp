@@ -1,9 +1,8 @@
-// MobileNetV2 training and evaluation (see vision_train.h). One step: the next shuffled batch
-// (N, 3, S, S) -> logits -> cross-entropy -> backward -> AdamW at the schedule's lr -> drop the
-// gradients. The shuffling order and the augmentations are pure functions of (seed, epoch,
-// index), so a checkpoint needs only the loader's position; dropout before the classifier draws
-// from dropout_generator(), whose state the checkpoint saves; BatchNorm's running statistics
-// are buffers and travel in model.safetensors.
+// MobileNetV2 training and evaluation (see vision_train.h). Training plugs MobileNetV2's parts into
+// the shared loop (apps/training_loop.h): shuffled batches (N, 3, S, S) of images, cross-entropy
+// of the logits, test accuracy after every epoch. The shuffling order and the augmentations are
+// pure functions of (seed, epoch, index), so a checkpoint needs only the loader's position;
+// BatchNorm's running statistics are buffers and travel in model.safetensors.
 #include "apps/vision_train.h"
 
 #include <chrono>
@@ -11,7 +10,7 @@
 #include <filesystem>
 
 #include "apps/run_dir.h"
-#include "apps/train_common.h"
+#include "apps/run_setup.h"
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -32,7 +31,6 @@ namespace {
 
 constexpr const char* kCmd = "vision train";
 constexpr uint64_t kInitKey = 1, kShuffleKey = 2, kAugmentKey = 3, kDropoutKey = 4;
-const std::vector<std::string> kColumns = {"step", "loss", "test_accuracy", "lr", "time_s", "peak_bytes"};
 
 // The examples `indices` of `base`, renumbered 0..n-1.
 class SubsetDataset : public Dataset {
@@ -78,10 +76,8 @@ Tensor model_input(const MobileNetV2& model, const Tensor& x) {
 double accuracy(MobileNetV2& model, const std::shared_ptr<const Dataset>& test, int64_t batch, Device device,
                 double* images_per_s = nullptr, Precision precision = Precision::fp32) {
   NoGradGuard no_grad;
-  AutocastGuard autocast(precision == Precision::fp16 ? DType::f16 : DType::bf16,
-                         precision == Precision::fp16 || precision == Precision::bf16);
-  const bool was_training = model.is_training();
-  model.eval();
+  AutocastGuard autocast(autocast_for(precision));
+  EvalGuard eval_mode(model);
   DataLoader loader(test, {.batch_size = batch, .prefetch = 2, .device = device});
   int64_t right = 0, n = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -93,7 +89,6 @@ double accuracy(MobileNetV2& model, const std::shared_ptr<const Dataset>& test, 
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (images_per_s) *images_per_s = secs > 0 ? double(n) / secs : 0.0;
-  model.train(was_training);
   return double(right) / double(n);
 }
 
@@ -118,8 +113,10 @@ VisionData load_vision_data(const std::string& data, int64_t input_size, bool au
   if (data == "fashion-mnist") {
     MG_CHECK(fs::is_directory(kFashionMnistDir), "vision: Fashion-MNIST is not installed (no ", kFashionMnistDir,
              ")\n  hint: run scripts/setup (Debian package dataset-fashion-mnist), or pass --data with an image folder");
-    train = std::make_shared<FashionMnistDataset>(kFashionMnistDir, FashionMnistSplit::train);
-    test = std::make_shared<FashionMnistDataset>(kFashionMnistDir, FashionMnistSplit::test);
+    // Only the images the run uses are read, into the host data pool (not the training device).
+    MG_CHECK(limit_train >= 0 && limit_test >= 0, "vision: --limit-train / --limit-test must be >= 0");
+    train = std::make_shared<FashionMnistDataset>(kFashionMnistDir, FashionMnistSplit::train, kHostData, limit_train);
+    test = std::make_shared<FashionMnistDataset>(kFashionMnistDir, FashionMnistSplit::test, kHostData, limit_test);
     d.num_classes = FashionMnistDataset::kNumClasses;
     d.source = data;
     d.split = "fashion-mnist train / t10k";
@@ -172,6 +169,7 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   LrSchedule sched;
   if (resuming) {
     config = run.read_config();
+    sched = o.read_config(config, kCmd);
     try {
       cfg = MobileNetV2Config::from_json(config.at("model"));
       const auto& dj = config.at("data");
@@ -179,24 +177,16 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
       o.augment = dj.at("augment");
       o.limit_train = dj.at("limit_train");
       o.limit_test = dj.at("limit_test");
-      o.lr = config.at("optimizer").at("lr");
-      o.weight_decay = config.at("optimizer").at("weight_decay");
-      const auto& s = config.at("schedule");
-      sched = LrSchedule::cosine(o.lr, s.at("warmup_steps"), s.at("total_steps"), s.at("min_lr"));
-      o.seed = config.at("seed");
-      o.batch = config.at("batch");
       o.epochs = config.at("epochs");
-      o.checkpoint_every = config.at("checkpoint_every");
-      o.techniques = o.techniques.from_config(config);
     } catch (const nlohmann::json::exception& e) {
       MG_THROW(kCmd, ": config.json of '", o.resume, "' is incomplete or malformed: ", e.what());
     }
+  } else {
+    o.validate(kCmd);
+    MG_CHECK(o.epochs > 0, kCmd, ": --epochs must be positive, got ", o.epochs);
+    cfg = o.config ? *o.config : MobileNetV2Config::named(o.model);  // validates the name early
   }
-  MG_CHECK(o.epochs > 0 && o.batch > 0, kCmd, ": --epochs and --batch must be positive, got ", o.epochs, " and ", o.batch);
-  MG_CHECK(o.lr > 0 && std::isfinite(o.lr), kCmd, ": --lr must be a positive number, got ", o.lr);
-  MG_CHECK(o.checkpoint_every >= 0, kCmd, ": --checkpoint-every must be >= 0, got ", o.checkpoint_every);
   o.techniques.validate(o.batch, device);
-  if (!resuming) cfg = o.config ? *o.config : MobileNetV2Config::named(o.model);  // validates the name early
   const int64_t size = o.input_size > 0 && !resuming ? o.input_size : cfg.input_size;
   VisionData data = load_vision_data(o.data, size, o.augment, o.seed, o.limit_train, o.limit_test);
 
@@ -223,129 +213,65 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
     const int64_t total = o.epochs * per_epoch;
     MG_CHECK(o.warmup < total, kCmd, ": --warmup (", o.warmup, ") must be smaller than the number of steps (",
              total, " = ", o.epochs, " epochs of ", per_epoch, ")");
-    sched = LrSchedule::cosine(o.lr, o.warmup >= 0 ? o.warmup : total / 20, total, o.lr * o.min_lr_ratio);
+    sched = o.schedule(total);
     config = {{"command", kCmd},
               {"model_name", o.config ? std::string("custom") : o.model},
               {"model", cfg.to_json()},
               {"data", {{"source", data.source}, {"split", data.split}, {"augment", o.augment},
                         {"limit_train", o.limit_train}, {"limit_test", o.limit_test},
                         {"train_examples", data.train->size()}, {"test_examples", data.test->size()}}},
-              {"optimizer", {{"type", "AdamW"}, {"lr", o.lr}, {"weight_decay", o.weight_decay},
-                             {"weight_decay_on", "parameters of rank >= 2"}}},
-              {"schedule", {{"kind", "cosine"}, {"warmup_steps", sched.warmup_steps},
-                            {"total_steps", sched.total_steps}, {"min_lr", sched.min_lr}}},
-              {"seed", o.seed}, {"batch", o.batch}, {"epochs", o.epochs}, {"steps_per_epoch", per_epoch},
-              {"checkpoint_every", o.checkpoint_every}, {"device", o.device},
-              {"techniques", o.techniques.to_json()}};
+              {"epochs", o.epochs}, {"steps_per_epoch", per_epoch}};
+    config.update(o.to_config(sched));
     run.write_config(config);
   }
   const int64_t total_steps = o.epochs * per_epoch;
 
   Generator init_gen(derive_seed(o.seed, {kInitKey}));
   MobileNetV2 model(cfg, {.gen = &init_gen, .device = device});
-  const Precision precision = parse_precision(o.techniques.precision);
+  const Precision precision = o.techniques.precision;
   apply_precision(model, precision);
-  model.set_checkpoint(o.techniques.checkpoint_policy());
-  AdamW opt(weight_decay_groups(model.named_parameters(), o.lr, o.weight_decay));
-  Trainer trainer(model, opt, o.techniques.trainer_options(0.0));
-  TrainingState state;
-  if (resuming) {
-    state = run.load_checkpoint(model, &opt);
-    MG_CHECK(state.generators.count("dropout"), kCmd, ": the checkpoint of '", run.path(),
-             "' has no dropout generator state");
-    state.generators.at("dropout").restore(dropout_generator());
-    loader.set_position(state.position);
-    if (!state.trainer.empty()) trainer.load_state(state.trainer);
-  } else {
-    dropout_generator().manual_seed(derive_seed(o.seed, {kDropoutKey}));
-  }
-  MetricsWriter metrics(run.metrics_path(), kColumns, resuming ? state.step : -1);
+  model.set_checkpoint(o.techniques.checkpoint);
 
   VisionTrainResult r;
-  r.run_dir = run.path();
-  r.first_step = state.step;
   r.steps_per_epoch = per_epoch;
-  r.num_parameters = model.num_parameters();
   r.train_examples = data.train->size();
   r.test_examples = data.test->size();
   r.config = cfg;
   r.test_accuracy = std::nan("");
-  Progress progress("vision train", total_steps, "img/s", o.progress);
-  progress.note("vision train: " + config.value("model_name", "custom") + " (" + std::to_string(r.num_parameters) +
+  TrainingTask task;
+  task.command = kCmd;
+  task.unit = "img/s";
+  task.eval_column = "test_accuracy";
+  task.header = config.value("model_name", "custom") + " (" + std::to_string(model.num_parameters()) +
                 " parameters, " + std::to_string(cfg.input_size) + "x" + std::to_string(cfg.input_size) + " input), " +
-                std::to_string(r.train_examples) + " training / " + std::to_string(r.test_examples) +
-                " test images of " + data.source + ", batch " + std::to_string(o.batch) + ", " + sched.str() +
-                ", techniques: " + o.techniques.str() + ", on " + device.str() +
-                (resuming ? ", resuming at step " + std::to_string(state.step) : "") +
-                " -> " + run.path());
-
-  PeakMeter meter(device, state.peak_bytes);
-  StepTimes times;
-  const auto t_start = std::chrono::steady_clock::now();
-  auto elapsed = [&] {
-    return state.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+                std::to_string(r.train_examples) + " training / " + std::to_string(r.test_examples) + " test images of " +
+                data.source + ", batch " + std::to_string(o.batch);
+  task.micro_loss = [&](const Batch& b, int64_t begin, int64_t n) {
+    return cross_entropy(model.forward(model_input(model, narrow(b.input, 0, begin, n))), narrow(b.target, 0, begin, n));
   };
-  model.train();
-  InterruptGuard interrupt;
-  StepProfiler step_profiler(o.techniques, device, state.step, total_steps);
-  int64_t step = state.step;
-  while (step < total_steps) {
-    if (o.stop_after >= 0 && step >= o.stop_after) break;
-    const double lr = sched(step);
-    step_profiler.before_step(step);
-    times.start();
-    meter.begin_step();
-    Batch batch = loader.next_step();  // (N, 3, S, S) images, (N) labels
-    opt.set_lr(lr);
-    const StepReport rep = trainer.step(batch.size(), [&](int64_t b, int64_t n) {
-      return cross_entropy(model.forward(model_input(model, narrow(batch.input, 0, b, n))),
-                           narrow(batch.target, 0, b, n));
-    });
-    const double loss_value = rep.loss;
-    if (rep.retries > 0)
-      progress.note("auto-fit: step " + std::to_string(step + 1) + " ran out of memory; retried with micro-batch " +
-                    std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
-    const int64_t step_peak = meter.end_step();
-    const double secs = times.stop();
-    if (std::string line = step_profiler.after_step(step, run.path()); !line.empty()) progress.note(line);
-    ++step;
-
-    r.last_loss = loss_value;
+  task.evaluate = [&](int64_t step) -> std::optional<Evaluation> {
+    if (step % per_epoch != 0) return std::nullopt;  // test accuracy after every epoch
+    r.test_accuracy = accuracy(model, data.test, o.batch, device, nullptr, precision);
+    char line[96];
+    std::snprintf(line, sizeof(line), "epoch %lld/%lld: test accuracy %.2f%% (%lld images)",
+                  (long long)(step / per_epoch), (long long)o.epochs, 100.0 * r.test_accuracy,
+                  (long long)r.test_examples);
+    return Evaluation{r.test_accuracy, line};
+  };
+  task.checkpoint_due = [&](int64_t step) {
+    return o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : step % per_epoch == 0;
+  };
+  task.progress_extra = [&](int64_t step, double lr) {
     char extra[64];
     std::snprintf(extra, sizeof(extra), "epoch %lld/%lld  lr %.2e", (long long)((step - 1) / per_epoch + 1),
                   (long long)o.epochs, lr);
-    progress.update({.done = step, .loss = loss_value, .throughput = double(batch.size()) / secs,
-                     .allocated = meter.allocated(), .peak = meter.run_peak(), .limit = meter.limit(), .extra = extra});
-    std::string acc_cell;
-    const bool epoch_end = step % per_epoch == 0;
-    if (epoch_end) {  // test accuracy after every epoch
-      r.test_accuracy = accuracy(model, data.test, o.batch, device, nullptr, precision);
-      acc_cell = csv_number(r.test_accuracy);
-      char line[96];
-      std::snprintf(line, sizeof(line), "epoch %lld/%lld: test accuracy %.2f%% (%lld images)",
-                    (long long)(step / per_epoch), (long long)o.epochs, 100.0 * r.test_accuracy,
-                    (long long)r.test_examples);
-      progress.note(line);
-    }
-    metrics.write({csv_number(step - 1), csv_number(loss_value), acc_cell, csv_number(lr), csv_number(elapsed()),
-                   csv_number(step_peak)});
-    const bool due = o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : epoch_end;
-    r.interrupted = interrupt.raised() && step < total_steps;
-    if (due || step == total_steps || r.interrupted)
-      run.save_checkpoint(model, opt, {.step = step, .position = loader.position(),
-                                       .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
-                                       .elapsed_s = elapsed(), .peak_bytes = meter.run_peak(),
-                                       .trainer = trainer.state()});
-    if (r.interrupted) break;
-  }
-  progress.finish();
-  r.steps_done = step;
-  r.ms_per_step = 1000.0 * times.median();
-  r.images_per_s = times.count() ? double(o.batch) / times.median() : 0.0;
-  r.peak_bytes = meter.run_peak();
-  r.memory = StepMemory::of(meter);
-  r.micro_batch = trainer.micro_batch();
-  r.skipped_steps = trainer.scaler() ? trainer.scaler()->skipped_steps() : 0;
+    return std::string(extra);
+  };
+  static_cast<TrainResult&>(r) = train_loop({.options = o, .device = device, .run = run, .model = model,
+                                             .loader = loader, .schedule = sched, .total_steps = total_steps,
+                                             .resuming = resuming, .dropout_seed = derive_seed(o.seed, {kDropoutKey})},
+                                            task);
+  r.images_per_s = r.items_per_s;
   return r;
 }
 
@@ -365,7 +291,7 @@ VisionEvalResult vision_eval(const VisionEvalOptions& o) {
   const Device device = open_device(o.device, "");
   Generator scratch(0);  // initial values are overwritten by the checkpoint
   MobileNetV2 model(cfg, {.gen = &scratch, .device = device});
-  const Precision precision = parse_precision(TechniqueOptions{}.from_config(config).precision);
+  const Precision precision = TechniqueOptions{}.from_config(config).precision;
   apply_precision(model, precision);
   run.load_weights(model);
   VisionEvalResult r;

@@ -11,13 +11,18 @@
 #include <string>
 
 #include "apps/progress.h"
-#include "apps/train_common.h"
+#include "apps/training_loop.h"
 #include "data/dataset.h"
 #include "models/mobilenet_v2.h"
 
 namespace mg {
 
-struct VisionTrainOptions {
+struct VisionTrainOptions : TrainOptions {
+  VisionTrainOptions() {
+    batch = 64;
+    lr = 1e-3;  // not the workloads' 3e-4: a 30-step demo epoch learns visibly faster (loss 1.3 vs 1.9
+                // after 2000 images)
+  }
   std::string model = "mobilenetv2-32";    // a named MobileNetV2Config (MobileNetV2Config::names())
   std::optional<MobileNetV2Config> config{}; // used instead of `model` when set (tiny test models)
   std::string data = "fashion-mnist";       // or an image folder: root/<class>/<image>, or with
@@ -26,39 +31,15 @@ struct VisionTrainOptions {
   double width_mult = 0.0;                  // 0: the model's
   bool augment = false;                     // random crop (padding size/8) + horizontal flip
   int64_t epochs = 1;
-  int64_t batch = 64;
-  double lr = 1e-3;                         // not the workloads' 3e-4: a 30-step demo epoch learns
-                                            // visibly faster (loss 1.3 vs 1.9 after 2000 images)
-  double weight_decay = 0.01;               // on parameters of rank >= 2 only
-  int64_t warmup = -1;                      // -1: 5% of the steps
-  double min_lr_ratio = 0.1;
-  uint64_t seed = 1;
-  std::string device = "cpu:0";
-  std::string memory_limit{};
-  std::string out{};                        // run directory of a new run ("" = runs/<model>-<time>)
-  std::string resume{};                     // run directory to continue
   int64_t resume_epochs = 0;                // with resume: a new total epoch count (0: the run's)
   int64_t limit_train = 0;                  // use the first N training images (0: all)
   int64_t limit_test = 0;                   // use the first N test images (0: all)
-  int64_t checkpoint_every = 0;             // steps between checkpoints; 0: at each epoch's end
-  TechniqueOptions techniques{};    // checkpointing, precision, accumulation, auto-fit, offload
-  ProgressStyle progress = ProgressStyle::automatic;
-  int64_t stop_after = -1;                  // stop after this many steps, without a checkpoint (tests)
 };
 
-struct VisionTrainResult {
-  std::string run_dir{};
-  int64_t first_step = 0, steps_done = 0, steps_per_epoch = 0;
-  double last_loss = 0.0;
+struct VisionTrainResult : TrainResult {
+  int64_t steps_per_epoch = 0;
   double test_accuracy = 0.0;  // after the last finished epoch; NaN when none finished here
-  double ms_per_step = 0.0;    // median over this process's steps after the first
   double images_per_s = 0.0;   // batch / median step time
-  int64_t peak_bytes = 0;
-  int64_t num_parameters = 0;
-  StepMemory memory{};        // steady-state peaks per category (steps after the first)
-  int64_t micro_batch = 0;    // the micro-batch training ended with (0: whole batch)
-  int64_t skipped_steps = 0;  // fp16 steps skipped for inf/NaN gradients
-  bool interrupted = false;   // stopped by Ctrl-C (a checkpoint was written first)
   int64_t train_examples = 0, test_examples = 0;
   MobileNetV2Config config;
 };

@@ -31,6 +31,7 @@ void set_autocast_state(AutocastState s);
 class AutocastGuard {
  public:
   explicit AutocastGuard(DType dtype, bool enabled = true);
+  explicit AutocastGuard(AutocastState state) : AutocastGuard(state.dtype, state.enabled) {}
   ~AutocastGuard();
   AutocastGuard(const AutocastGuard&) = delete;
   AutocastGuard& operator=(const AutocastGuard&) = delete;

@@ -57,6 +57,9 @@ struct MemoryStats {
   StatCounter requested;  // bytes callers asked for
   StatCounter reserved;   // bytes held from the backend (live + cached)
   std::array<StatCounter, kNumMemoryCategories> allocated_by_category{};
+  // Each category's bytes at the moment `allocated` reached its peak: they sum to allocated.peak
+  // (each category's own peak, in allocated_by_category, may come at another moment).
+  std::array<int64_t, kNumMemoryCategories> by_category_at_peak{};
   int64_t num_allocs = 0;
   int64_t num_frees = 0;
   int64_t num_segment_allocs = 0;  // backend calls

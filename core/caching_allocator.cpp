@@ -284,6 +284,9 @@ MemoryBlock* CachingAllocator::allocate(size_t bytes) {
     m.stats.allocated.add(int64_t(b->size));
     m.stats.requested.add(int64_t(bytes));
     m.stats.allocated_by_category[size_t(b->category)].add(int64_t(b->size));
+    if (m.stats.allocated.current == m.stats.allocated.peak)  // a new peak: remember its make-up
+      for (size_t c = 0; c < kNumMemoryCategories; ++c)
+        m.stats.by_category_at_peak[c] = m.stats.allocated_by_category[c].current;
     ++m.stats.num_allocs;
   }
   if (g_has_observers.load(std::memory_order_relaxed))
@@ -346,6 +349,7 @@ void CachingAllocator::reset_peak_stats() {
   s.requested.peak = s.requested.current;
   s.reserved.peak = s.reserved.current;
   for (auto& c : s.allocated_by_category) c.peak = c.current;
+  for (size_t c = 0; c < kNumMemoryCategories; ++c) s.by_category_at_peak[c] = s.allocated_by_category[c].current;
 }
 
 void CachingAllocator::set_limit(size_t bytes) {

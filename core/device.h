@@ -31,6 +31,9 @@ struct Device {
 inline constexpr int kMaxDevicesPerType = 16;
 inline const Device kCPU{DeviceType::cpu, 0};
 inline const Device kMeta{DeviceType::meta, 0};
+// The host pool datasets live in (the last cpu index): host memory that no training device uses,
+// so a dataset is accounted where it lives and only the batches reach a device's budget.
+inline const Device kHostData{DeviceType::cpu, kMaxDevicesPerType - 1};
 
 std::ostream& operator<<(std::ostream& os, const Device& d);
 

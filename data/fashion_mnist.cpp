@@ -60,7 +60,8 @@ uint32_t big_endian_u32(const unsigned char* p) {
 }
 
 // The IDX format: u32 magic 0x000008NN (u8 data, NN dims), NN big-endian u32 dims, the data.
-Tensor read_idx(const std::string& path, int ndim, const char* what, Device device) {
+Tensor read_idx(const std::string& path, int ndim, const char* what, Device device, int64_t limit) {
+  MG_CHECK(limit >= 0, "read_idx: limit must be >= 0, got ", limit);
   MG_CHECK(device.is_cpu(), "read_idx: '", path, "' can only be read into a cpu device, got ", device.str());
   GzFile f(path);
   unsigned char header[16];
@@ -82,10 +83,16 @@ Tensor read_idx(const std::string& path, int ndim, const char* what, Device devi
     total *= uint64_t(shape.back());
     MG_CHECK(total < (uint64_t(1) << 40), "read_idx: '", path, "' has implausible dimensions ", shape);
   }
+  const bool partial = limit > 0 && limit < shape[0];
+  if (partial) {
+    total = total / uint64_t(shape[0]) * uint64_t(limit);
+    shape[0] = limit;
+  }
   Tensor out = empty(shape, {.dtype = DType::u8, .device = device});
   got = f.read(out.data_ptr(), size_t(total));
   MG_CHECK(got == total, "read_idx: '", path, "' is truncated: the header promises ", shape, " ", what, ", i.e. ",
            total, " bytes after the ", header_bytes, "-byte header, but only ", got, " bytes follow");
+  if (partial) return out;
   unsigned char extra;
   MG_CHECK(f.read(&extra, 1) == 0, "read_idx: '", path, "' has trailing data after the ", total,
            " bytes its header promises (", shape, " ", what, ")");
@@ -94,15 +101,19 @@ Tensor read_idx(const std::string& path, int ndim, const char* what, Device devi
 
 }  // namespace
 
-Tensor read_idx_images(const std::string& path, Device device) { return read_idx(path, 3, "images", device); }
-Tensor read_idx_labels(const std::string& path, Device device) { return read_idx(path, 1, "labels", device); }
+Tensor read_idx_images(const std::string& path, Device device, int64_t limit) {
+  return read_idx(path, 3, "images", device, limit);
+}
+Tensor read_idx_labels(const std::string& path, Device device, int64_t limit) {
+  return read_idx(path, 1, "labels", device, limit);
+}
 
-FashionMnistDataset::FashionMnistDataset(std::string dir, FashionMnistSplit split, Device storage) {
+FashionMnistDataset::FashionMnistDataset(std::string dir, FashionMnistSplit split, Device storage, int64_t limit) {
   MemoryCategoryGuard category(MemoryCategory::input);
   const std::string prefix = dir + "/" + (split == FashionMnistSplit::train ? "train" : "t10k");
   const std::string images_path = prefix + "-images-idx3-ubyte.gz", labels_path = prefix + "-labels-idx1-ubyte.gz";
-  images_ = read_idx_images(images_path, storage);
-  labels_ = read_idx_labels(labels_path, storage);
+  images_ = read_idx_images(images_path, storage, limit);
+  labels_ = read_idx_labels(labels_path, storage, limit);
   MG_CHECK(images_.size(0) == labels_.size(0), "FashionMnistDataset: '", images_path, "' has ", images_.size(0),
            " images but '", labels_path, "' has ", labels_.size(0), " labels");
   MG_CHECK(images_.size(0) > 0, "FashionMnistDataset: '", images_path, "' holds no images");

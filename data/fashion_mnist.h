@@ -12,19 +12,22 @@ namespace mg {
 inline constexpr const char* kFashionMnistDir = "/usr/share/datasets/fashion-mnist";
 
 // IDX files of u8 data, gzip-compressed or plain (zlib reads both), into tensors on `device`
-// (a cpu device) under the current memory category.
-// images: magic 0x00000803, dims (N, rows, cols) -> (N, rows, cols) u8
-Tensor read_idx_images(const std::string& path, Device device = kCPU);
-// labels: magic 0x00000801, dim (N) -> (N) u8
-Tensor read_idx_labels(const std::string& path, Device device = kCPU);
+// (a cpu device) under the current memory category. limit > 0 reads only the first `limit`
+// records (the rest of the file is not decompressed); 0 reads all and checks nothing trails them.
+// images: magic 0x00000803, dims (N, rows, cols) -> (min(N, limit), rows, cols) u8
+Tensor read_idx_images(const std::string& path, Device device = kCPU, int64_t limit = 0);
+// labels: magic 0x00000801, dim (N) -> (min(N, limit)) u8
+Tensor read_idx_labels(const std::string& path, Device device = kCPU, int64_t limit = 0);
 
 enum class FashionMnistSplit { train, test };
 
 class FashionMnistDataset : public Dataset {
  public:
-  // Reads <dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz into `storage` (category input).
+  // Reads <dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte.gz into `storage` (category input):
+  // by default the host data pool, so the dataset never counts against a training device's
+  // budget. limit > 0 keeps (and reads) only the first `limit` examples.
   explicit FashionMnistDataset(std::string dir = kFashionMnistDir, FashionMnistSplit split = FashionMnistSplit::train,
-                               Device storage = kCPU);
+                               Device storage = kHostData, int64_t limit = 0);
   explicit FashionMnistDataset(FashionMnistSplit split) : FashionMnistDataset(kFashionMnistDir, split) {}
 
   int64_t size() const override { return images_.size(0); }

@@ -256,4 +256,10 @@ TokenizeSummary tokenize_files(const std::vector<std::string>& inputs, const std
   return summary;
 }
 
+bool is_token_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char magic[8] = {};
+  return f.read(magic, 8) && std::memcmp(magic, kTokenFileMagic, 8) == 0;
+}
+
 }  // namespace mg

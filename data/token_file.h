@@ -85,4 +85,7 @@ struct TokenizeSummary {
 // text). Bytes pass through unchanged (UTF-8 stays UTF-8). An empty corpus is an error.
 TokenizeSummary tokenize_files(const std::vector<std::string>& inputs, const std::string& out_path);
 
+// True when `path` is a readable file that starts with kTokenFileMagic (text files are not).
+bool is_token_file(const std::string& path);
+
 }  // namespace mg

@@ -1,6 +1,6 @@
-// The README's C++ example, built and run by the test suite so it stays true: build a model,
-// train a few steps under a memory budget, print the memory statistics, and predict the same
-// step's peak on the meta device.
+// The README's C++ example, built and run by the test suite so it stays true: train a small MLP on
+// two spirals on its own device pool under a 16 MiB budget, print that pool's memory statistics,
+// and catch the OutOfMemoryError of a tensor that does not fit.
 #include <cstdio>
 
 #include "autograd/engine.h"

@@ -265,7 +265,7 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
            idx.shape());
   Tensor logits = forward(idx);  // (B, T, V)
   const int64_t BT = idx.size(0) * idx.size(1);
-  return cross_entropy(reshape(logits, {BT, cfg_.vocab_size}), reshape(targets, {BT}));
+  return cross_entropy(reshape(logits, {BT, cfg_.vocab_size}), reshape(targets, {BT}), kIgnoreIndex);
 }
 
 void GPT::set_checkpoint(CheckpointPolicy policy) {

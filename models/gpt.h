@@ -41,6 +41,7 @@ struct GPTConfig {
 struct GenerateOptions {
   double temperature = 1.0;  // 0: greedy (argmax)
   int64_t top_k = 0;         // sample among the k largest logits; 0: all; 1: greedy
+  double top_p = 1.0;        // nucleus: the most likely tokens whose probability sums to >= top_p; 1: all
   uint64_t seed = 0;         // the sampling stream: token i uses uniform_at(i) of Generator(seed)
   bool use_kv_cache = true;  // false: recompute the whole window for every token (reference)
 };
@@ -99,7 +100,9 @@ class GPT : public Module {
   // idx: (B, T) i64/i32 token ids, T <= context -> logits (B, T, V) for the real vocab (the
   // padding rows of wte are not projected onto, so no probability mass goes to them).
   Tensor forward(const Tensor& idx);
-  // idx, targets: (B, T) -> scalar mean cross-entropy over targets != -100.
+  // Targets with this value (padding) are left out of the loss and its mean.
+  static constexpr int64_t kIgnoreIndex = -100;
+  // idx, targets: (B, T) -> scalar mean cross-entropy over targets != kIgnoreIndex.
   Tensor loss(const Tensor& idx, const Tensor& targets);
   // The hidden states before the output projection: (B, T) -> ln_f output (B, T, C).
   Tensor forward_hidden(const Tensor& idx);

@@ -12,17 +12,6 @@
 namespace mg {
 namespace {
 
-// Restores a module's train/eval flag when it goes out of scope.
-class EvalGuard {
- public:
-  explicit EvalGuard(Module& m) : m_(m), was_training_(m.is_training()) { m_.eval(); }
-  ~EvalGuard() { m_.train(was_training_); }
-
- private:
-  Module& m_;
-  bool was_training_;
-};
-
 // seq[begin, end) as a (1, end - begin) i64 tensor on `device`.
 Tensor token_tensor(const std::vector<int64_t>& seq, size_t begin, size_t end, Device device) {
   std::vector<double> v(seq.begin() + std::ptrdiff_t(begin), seq.begin() + std::ptrdiff_t(end));
@@ -32,7 +21,9 @@ Tensor token_tensor(const std::vector<int64_t>& seq, size_t begin, size_t end, D
 // Draws a token from logits (V) (any device and floating dtype). Greedy (argmax, first maximum)
 // when temperature == 0 or top_k == 1; otherwise softmax(logits / temperature) restricted to the
 // logits >= the k-th largest (ties at the threshold stay in, as in nanoGPT), sampled by inverting
-// the cumulative sum in index order with u = uniform_at(step) of the seed's stream. The f64 host
+// the cumulative sum in index order with u = uniform_at(step) of the seed's stream. top_p < 1 then
+// keeps only the nucleus: the largest probabilities down to the one where their sum first reaches
+// top_p (ties with it stay in), as Holtzman et al. (2020) and Hugging Face's TopPLogitsWarper. The f64 host
 // copies are workspace tensors, so the allocator sees them.
 int64_t sample_token(const Tensor& logits, const GenerateOptions& opt, int64_t step) {
   MemoryCategoryGuard guard(MemoryCategory::workspace);
@@ -56,6 +47,22 @@ int64_t sample_token(const Tensor& logits, const GenerateOptions& opt, int64_t s
     l[i] = l[i] >= threshold ? std::exp((l[i] - mx) / opt.temperature) : 0.0;
     total += l[i];
   }
+  if (opt.top_p < 1.0) {
+    Tensor scratch = clone(p);
+    double* s = scratch.data<double>();
+    std::sort(s, s + V, std::greater<double>());
+    double cum = 0.0, cut = s[0];
+    for (int64_t i = 0; i < V && s[i] > 0.0; ++i) {
+      cum += s[i];
+      cut = s[i];
+      if (cum >= opt.top_p * total) break;
+    }
+    total = 0.0;
+    for (int64_t i = 0; i < V; ++i) {
+      if (l[i] < cut) l[i] = 0.0;
+      total += l[i];
+    }
+  }
   const double u = double(Generator(opt.seed).uniform_at(uint64_t(step))) * total;
   double cum = 0.0;
   int64_t last_nonzero = best;
@@ -77,6 +84,8 @@ std::vector<int64_t> GPT::generate(const std::vector<int64_t>& prompt, int64_t m
   MG_CHECK(opt.temperature >= 0.0 && std::isfinite(opt.temperature), op,
            ": temperature must be finite and >= 0 (0 is greedy), got ", opt.temperature);
   MG_CHECK(opt.top_k >= 0, op, ": top_k must be >= 0 (0 keeps every token), got ", opt.top_k);
+  MG_CHECK(opt.top_p > 0.0 && opt.top_p <= 1.0, op, ": top_p must be in (0, 1] (1 keeps every token), got ",
+           opt.top_p);
   for (size_t i = 0; i < prompt.size(); ++i)
     MG_CHECK(prompt[i] >= 0 && prompt[i] < cfg_.vocab_size, op, ": prompt token ", prompt[i], " at position ", i,
              " is outside the vocabulary [0, ", cfg_.vocab_size, ")");

@@ -117,6 +117,12 @@ void Optimizer::step() {
   step_count_ += 1;
 }
 
+void Optimizer::allocate_state() {
+  NoGradGuard no_grad;
+  for (const auto& group : groups_)
+    for (const auto& [name, p] : group.params) state_for(p, name);
+}
+
 void Optimizer::zero_grad() {
   for (auto& g : groups_)
     for (auto& [_, p] : g.params) p.set_grad(Tensor());

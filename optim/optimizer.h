@@ -55,6 +55,10 @@ class Optimizer {
 
   // Updates every parameter that has a gradient (parameters without one are skipped).
   void step();
+  // Allocates the state of every parameter that has none yet (zeros, and the f32 master of a
+  // 16-bit parameter), as its first step would. Training loops call it before the first forward,
+  // so the state's bytes are part of the first step's peak, not a surprise inside its update.
+  void allocate_state();
   // Drops every parameter's gradient (frees the memory; PyTorch's set_to_none).
   void zero_grad();
 

@@ -1,6 +1,9 @@
-// Trainer (see trainer.h). Note [Accumulation weights]: micro-batch i of n_i examples contributes
-// (n_i / B) * mean_i to the loss, so sum_i of those is the batch mean and the accumulated
-// gradients are the full batch's up to float rounding (exact only when there is one micro-batch).
+// Trainer (see trainer.h). Note [Accumulation weights]: a micro loss is a mean over its own terms
+// (examples, or the targets that are not ignored), so micro-batch i with w_i terms contributes
+// (w_i / sum_j w_j) * mean_i: the sum is the mean over every term of the batch and the
+// accumulated gradients are the full batch's up to float rounding (exact only when there is one
+// micro-batch). Weighting by examples instead is wrong as soon as micro-batches hold different
+// numbers of counted targets.
 // Note [Undoing a failed step]: an OutOfMemoryError can strike in any forward or backward; by
 // then some gradients hold partial sums, batch-norm buffers have moved and dropout streams have
 // advanced. The retry drops every gradient, copies the buffers back from a snapshot taken before
@@ -23,33 +26,9 @@
 
 namespace mg {
 
-Precision parse_precision(const std::string& s) {
-  if (s == "fp32") return Precision::fp32;
-  if (s == "bf16") return Precision::bf16;
-  if (s == "fp16") return Precision::fp16;
-  if (s == "bf16-pure") return Precision::bf16_pure;
-  MG_THROW("--precision: unknown value '", s, "'; expected fp32, bf16, fp16 or bf16-pure");
-}
-
-std::string precision_name(Precision p) {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16: return "fp16";
-    case Precision::bf16_pure: return "bf16-pure";
-  }
-  return "?";
-}
-
-DType parameter_dtype(Precision p) { return p == Precision::bf16_pure ? DType::bf16 : DType::f32; }
-
-void apply_precision(Module& model, Precision p) {
-  if (p == Precision::bf16_pure) model.to(DType::bf16);
-}
-
 Trainer::Trainer(Module& model, Optimizer& opt, TrainerOptions options)
     : model_(model), optimizer_(opt), opt_(options), micro_(options.micro_batch) {
-  MG_CHECK(opt_.micro_batch >= 0, "Trainer: --micro-batch must be >= 0 (0: the whole batch), got ", opt_.micro_batch);
+  MG_CHECK(opt_.micro_batch >= 0, "Trainer: micro_batch must be >= 0 (0: the whole batch), got ", opt_.micro_batch);
   MG_CHECK(opt_.grad_clip >= 0 && std::isfinite(opt_.grad_clip), "Trainer: grad_clip must be >= 0, got ",
            opt_.grad_clip);
   if (opt_.precision == Precision::fp16) scaler_ = std::make_unique<GradScaler>(opt_.scaler);
@@ -57,20 +36,31 @@ Trainer::Trainer(Module& model, Optimizer& opt, TrainerOptions options)
 
 Trainer::~Trainer() = default;
 
-void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_loss, StepReport& r) {
-  const bool amp = opt_.precision == Precision::bf16 || opt_.precision == Precision::fp16;
-  const DType low = opt_.precision == Precision::fp16 ? DType::f16 : DType::bf16;
+void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_loss, const MicroWeight& micro_weight,
+                         StepReport& r) {
   r.micro_batch = m;
   r.micro_steps = 0;
   r.loss = 0.0;
   r.offloaded_bytes = 0;
+  // Note [Accumulation weights]: each micro-batch's terms over the batch's.
+  std::vector<double> terms;
+  double total = 0.0;
   for (int64_t begin = 0; begin < batch_size; begin += m) {
     const int64_t count = std::min(m, batch_size - begin);
-    const double weight = double(count) / double(batch_size);  // Note [Accumulation weights]
+    const double w = micro_weight ? micro_weight(begin, count) : double(count);
+    MG_CHECK(w >= 0 && std::isfinite(w), "Trainer: a micro-batch's weight must be a finite count >= 0, got ", w);
+    terms.push_back(w);
+    total += w;
+  }
+  MG_CHECK(total > 0, "Trainer: the batch has nothing to average over (every target is ignored)");
+  for (int64_t begin = 0, i = 0; begin < batch_size; begin += m, ++i) {
+    const int64_t count = std::min(m, batch_size - begin);
+    const double weight = terms[size_t(i)] / total;
+    if (weight == 0.0) continue;  // a micro-batch without counted terms adds nothing (its mean is NaN)
     Tensor loss, scaled;
     {
       StepPhaseGuard phase(StepPhase::forward);
-      AutocastGuard autocast(low, amp);
+      AutocastGuard autocast(autocast_for(opt_.precision));
       std::optional<ActivationOffload> offload;
       if (opt_.offload_activations) offload.emplace(*opt_.offload_activations);
       loss = micro_loss(begin, count);
@@ -89,9 +79,13 @@ void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_l
   }
 }
 
-StepReport Trainer::step(int64_t batch_size, const MicroLoss& micro_loss) {
+StepReport Trainer::step(int64_t batch_size, const MicroLoss& micro_loss, const MicroWeight& micro_weight) {
   MG_CHECK(batch_size > 0, "Trainer.step: the batch is empty");
   MG_CHECK(bool(micro_loss), "Trainer.step: no loss function");
+  {
+    StepPhaseGuard phase(StepPhase::optimizer);
+    optimizer_.allocate_state();  // before the first forward: auto-fit then sees the whole peak at once
+  }
   StepReport r;
   r.loss_scale = scaler_ ? scaler_->scale_value() : 1.0;
   // Note [Undoing a failed step]: what a retry must put back.
@@ -105,7 +99,7 @@ StepReport Trainer::step(int64_t batch_size, const MicroLoss& micro_loss) {
   for (;;) {
     StreamRecorder streams;
     try {
-      accumulate(batch_size, m, micro_loss, r);
+      accumulate(batch_size, m, micro_loss, micro_weight, r);
       break;
     } catch (const OutOfMemoryError& e) {
       optimizer_.zero_grad();
@@ -120,8 +114,8 @@ StepReport Trainer::step(int64_t batch_size, const MicroLoss& micro_loss) {
       if (m == 1)
         throw OutOfMemoryError(detail::str_cat("auto-fit: even a micro-batch of 1 example does not fit in the memory budget; what the "
                      "failed attempt saw:\n", e.what(),
-                     "\n  hint: lower the model's memory (--checkpoint blocks, --precision bf16-pure) or raise "
-                     "--memory-limit"));
+                     "\n  hint: lower the model's memory (activation checkpointing, bf16-pure parameters) or raise the "
+                     "memory budget"));
       m = (m + 1) / 2;
       r.retries += 1;
     }

@@ -19,19 +19,9 @@
 #include "models/nn/module.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
+#include "optim/precision.h"
 
 namespace mg {
-
-// --precision: fp32; bf16 / fp16 autocast (f32 parameters, GEMM-shaped ops in 16 bits; fp16 with
-// loss scaling); bf16-pure (parameters and activations in bf16, f32 master weights and state in
-// the optimizer: convert the model with to_bf16_pure before building the optimizer).
-enum class Precision { fp32, bf16, fp16, bf16_pure };
-Precision parse_precision(const std::string& s);  // "fp32", "bf16", "fp16", "bf16-pure"
-std::string precision_name(Precision p);
-// The dtype a model's floating parameters and inputs have under p (bf16 for bf16-pure, else f32).
-DType parameter_dtype(Precision p);
-// Casts every floating parameter and buffer of `model` to parameter_dtype(p) (no-op otherwise).
-void apply_precision(Module& model, Precision p);
 
 struct TrainerOptions {
   int64_t micro_batch = 0;     // examples per forward/backward; 0: the whole batch
@@ -43,7 +33,7 @@ struct TrainerOptions {
 };
 
 struct StepReport {
-  double loss = 0.0;          // the batch's mean loss (micro losses weighted by their size)
+  double loss = 0.0;          // the batch's mean loss (micro losses weighted by their terms)
   int64_t micro_batch = 0;    // the micro-batch the step finally ran with
   int64_t micro_steps = 0;    // forward/backward passes of that successful attempt
   int64_t retries = 0;        // attempts undone after an OutOfMemoryError (auto_fit)
@@ -58,13 +48,18 @@ class Trainer {
   // micro_loss(begin, count): the mean loss over examples [begin, begin + count) of the batch,
   // computed with the graph on (the Trainer sets autocast and offload around it).
   using MicroLoss = std::function<Tensor(int64_t begin, int64_t count)>;
+  // micro_weight(begin, count): how many terms the mean of micro_loss(begin, count) is taken
+  // over, e.g. the targets that are not ignored. Without one, each example counts once.
+  using MicroWeight = std::function<double(int64_t begin, int64_t count)>;
 
   Trainer(Module& model, Optimizer& opt, TrainerOptions options);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
-  StepReport step(int64_t batch_size, const MicroLoss& micro_loss);
+  // One step over a batch of batch_size examples. The optimizer's state is allocated before the
+  // first forward (Optimizer::allocate_state), so the first step's peak is every step's.
+  StepReport step(int64_t batch_size, const MicroLoss& micro_loss, const MicroWeight& micro_weight = {});
 
   const TrainerOptions& options() const { return opt_; }
   // The micro-batch the next step starts with (auto_fit lowers it and keeps it lowered).
@@ -76,7 +71,8 @@ class Trainer {
 
  private:
   // One attempt at the whole batch with micro-batch m; throws OutOfMemoryError unchanged.
-  void accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_loss, StepReport& r);
+  void accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_loss, const MicroWeight& micro_weight,
+                  StepReport& r);
 
   Module& model_;
   Optimizer& optimizer_;

@@ -153,4 +153,17 @@ class UnaryModule : public Module {
   Tensor operator()(const Tensor& x) { return forward(x); }
 };
 
+// Evaluation mode for a scope: the module's train/eval flag comes back when the guard ends.
+class EvalGuard {
+ public:
+  explicit EvalGuard(Module& m) : m_(m), was_training_(m.is_training()) { m_.eval(); }
+  ~EvalGuard() { m_.train(was_training_); }
+  EvalGuard(const EvalGuard&) = delete;
+  EvalGuard& operator=(const EvalGuard&) = delete;
+
+ private:
+  Module& m_;
+  bool was_training_;
+};
+
 }  // namespace mg

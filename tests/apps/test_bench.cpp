@@ -65,11 +65,11 @@ TEST_CASE("memgrad bench: a tiny GPT under several combinations", "[apps]") {
 TEST_CASE("memgrad bench: combinations are parsed strictly", "[apps]") {
   const Device cpu0 = kCPU;
   Combination c = parse_combination("ckpt+bf16+accum4", 8, cpu0);
-  CHECK(c.techniques.checkpoint == "blocks");
-  CHECK(c.techniques.precision == "bf16");
+  CHECK(c.techniques.checkpoint.str() == "blocks");
+  CHECK(c.techniques.precision == Precision::bf16);
   CHECK(c.techniques.micro_batch == 2);
-  CHECK(parse_combination("offload", 8, cpu0).techniques.offload_activations == "cpu:1");
-  CHECK(parse_combination("ckpt-every2", 8, cpu0).techniques.checkpoint == "every:2");
+  CHECK(parse_combination("offload", 8, cpu0).techniques.offload_activations == Device("cpu:1"));
+  CHECK(parse_combination("ckpt-every2", 8, cpu0).techniques.checkpoint.str() == "every:2");
   CHECK_THROWS_WITH(parse_combination("ckpt+quantum", 8, cpu0), Catch::Contains("unknown technique 'quantum'"));
   CHECK_THROWS_WITH(parse_combination("accum3", 8, cpu0), Catch::Contains("does not divide"));
   CHECK_THROWS_WITH(parse_combination("bf16+fp16", 8, cpu0), Catch::Contains("two precisions"));

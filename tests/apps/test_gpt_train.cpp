@@ -8,7 +8,8 @@
 
 #include "apps/apps_test_util.h"
 #include "apps/gpt_train.h"
-#include "apps/train_common.h"
+#include "apps/run_setup.h"
+#include "apps/training_loop.h"
 
 using namespace mg;
 using namespace mg::test;
@@ -108,7 +109,9 @@ TEST_CASE("gpt train: the run directory holds config, metrics and checkpoint", "
   CHECK(a.text == b.text);
 
   // A complete run resumed as is has nothing to do; with a larger total it trains further.
-  GptTrainOptions again{.resume = r.run_dir, .progress = ProgressStyle::none};
+  GptTrainOptions again;
+  again.resume = r.run_dir;
+  again.progress = ProgressStyle::none;
   CHECK(gpt_train(again).steps_done == 4);
   again.resume_steps = 3;
   CHECK_THROWS_WITH(gpt_train(again), Catch::Contains("must be at least the 4 steps done"));
@@ -147,7 +150,9 @@ TEST_CASE("gpt train and sample: bad flags and paths give one clear error", "[ap
   CHECK_THROWS_WITH(gpt_train(o), Catch::Contains("--data '" + tmp.file("missing.txt") + "' does not exist"));
 
   fs::create_directories(tmp.file("empty"));
-  GptTrainOptions r{.resume = tmp.file("empty"), .progress = ProgressStyle::none};
+  GptTrainOptions r;
+  r.resume = tmp.file("empty");
+  r.progress = ProgressStyle::none;
   CHECK_THROWS_WITH(gpt_train(r), Catch::Contains("is not a run directory (it has no config.json)"));
   RunDir(tmp.file("empty")).write_config({{"command", "gpt train"}});
   CHECK_THROWS_WITH(gpt_train(r), Catch::Contains("run directory '" + tmp.file("empty") + "' has no checkpoint"));
@@ -192,9 +197,9 @@ TEST_CASE("gpt train with techniques: recorded in config.json, resumed exactly, 
     GptTrainOptions o = tiny_options(data, out);
     o.model->n_layer = 2;
     o.model->dropout = 0.0;  // micro-batches draw their masks in another order than the whole batch
-    o.techniques.checkpoint = "blocks";
+    o.techniques.checkpoint = CheckpointPolicy::parse("blocks");
     o.techniques.micro_batch = 2;
-    o.techniques.offload_activations = "cpu:1";
+    o.techniques.offload_activations = Device("cpu:1");
     return o;
   };
   GptTrainOptions plain_opts = tiny_options(data, tmp.file("plain"));
@@ -222,18 +227,20 @@ TEST_CASE("gpt train with techniques: recorded in config.json, resumed exactly, 
   CHECK(fs::exists(tmp.file("split") + "/memory.json"));
   CHECK(fs::exists(tmp.file("split") + "/memory.html"));
 
-  GptTrainOptions again;
-  again.resume = tmp.file("split");
-  again.techniques.checkpoint = "sqrt";
-  CHECK_NOTHROW(again.techniques.validate(4, kCPU));
   GptTrainOptions bad = tiny_options(data, tmp.file("bad"));
   bad.techniques.micro_batch = 5;
   CHECK_THROWS_WITH(gpt_train(bad), Catch::Contains("--micro-batch (5) cannot exceed --batch (4)"));
   bad.techniques.micro_batch = 0;
-  bad.techniques.checkpoint = "layers";
-  CHECK_THROWS_WITH(gpt_train(bad), Catch::Contains("unknown policy 'layers'"));
-  bad.techniques.checkpoint = "none";
-  bad.techniques.offload_activations = "cpu:0";
+  bad.techniques.offload_activations = Device("cpu:0");
   CHECK_THROWS_WITH(gpt_train(bad), Catch::Contains("needs another device"));
+  // Values are typed at the command line: a bad one is an error naming its flag and the subcommand.
+  CHECK_THROWS_WITH(run_cli({"gpt", "train", "--data", data, "--out", tmp.file("bad"), "--checkpoint", "layers"}),
+                    Catch::Contains("--checkpoint") && Catch::Contains("'layers'"));
+  CHECK_THROWS_WITH(run_cli({"gpt", "train", "--data", data, "--out", tmp.file("bad"), "--precision", "int4"}),
+                    Catch::Contains("--precision") && Catch::Contains("unknown precision 'int4'"));
+  CHECK_THROWS_WITH(run_cli({"gpt", "train", "--data", data, "--out", tmp.file("bad"), "--optimizer", "lion"}),
+                    Catch::Contains("--optimizer") && Catch::Contains("unknown optimizer 'lion'"));
+  CHECK_THROWS_WITH(run_cli({"gpt", "train", "--data", data, "--out", tmp.file("bad"), "--offload-activations", "tpu:0"}),
+                    Catch::Contains("--offload-activations"));
   CHECK_FALSE(fs::exists(tmp.file("bad")));  // a bad flag leaves nothing behind
 }

@@ -15,6 +15,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
+VisionTrainOptions resume_options(const std::string& run) {
+  VisionTrainOptions o;
+  o.resume = run;
+  o.progress = ProgressStyle::none;
+  return o;
+}
+
 VisionTrainOptions tiny_options(const std::string& data, const std::string& out) {
   VisionTrainOptions o;
   o.config = MobileNetV2Config{.width_mult = 0.25, .num_classes = 2, .small_input = true, .input_size = 8};
@@ -48,7 +55,7 @@ TEST_CASE("vision train: an interrupted and resumed run equals the uninterrupted
   first.stop_after = 3;
   vision_train(first);
   manual_seed(31337);
-  VisionTrainResult rest = vision_train({.resume = tmp.file("split"), .progress = ProgressStyle::none});
+  VisionTrainResult rest = vision_train(resume_options(tmp.file("split")));
   CHECK(rest.first_step == 2);
   CHECK(rest.steps_done == 6);
 
@@ -112,10 +119,10 @@ TEST_CASE("vision train and eval: bad flags and paths give one clear error", "[a
   CHECK_THROWS_WITH(vision_train(o), Catch::Contains("is not a folder"));
 
   fs::create_directories(tmp.file("empty"));
-  CHECK_THROWS_WITH(vision_train({.resume = tmp.file("empty"), .progress = ProgressStyle::none}),
+  CHECK_THROWS_WITH(vision_train(resume_options(tmp.file("empty"))),
                     Catch::Contains("no config.json"));
   RunDir(tmp.file("empty")).write_config({{"command", "vision train"}});
-  CHECK_THROWS_WITH(vision_train({.resume = tmp.file("empty"), .progress = ProgressStyle::none}),
+  CHECK_THROWS_WITH(vision_train(resume_options(tmp.file("empty"))),
                     Catch::Contains("has no checkpoint"));
   CHECK_THROWS_WITH(vision_eval({.run = tmp.file("empty")}), Catch::Contains("has no checkpoint"));
   CHECK_THROWS_WITH(run_cli({"vision", "train", "--resume", tmp.file("empty"), "--batch", "3"}),

@@ -230,6 +230,12 @@ TEST_CASE("IDX reader: tiny gzip files, truncated and bad-magic variants", "[dat
   std::string gz = mg::test::read_bytes(p);
   mg::test::write_bytes(p, gz.substr(0, gz.size() - 12));
   CHECK_THROWS_WITH(read_idx_images(p), Contains(p));
+  // limit: only the first records are read, into the host data pool unless told otherwise.
+  FashionMnistDataset first2(tmp.dir.string(), FashionMnistSplit::train, kHostData, 2);
+  CHECK(first2.size() == 2);
+  CHECK(first2.images().device() == kHostData);
+  CHECK(pixels(first2.get(1).input) == std::vector<int64_t>{80, 100, 120, 140});
+  CHECK(read_idx_images(tmp.file("train-images-idx3-ubyte.gz"), kCPU, 5).size(0) == 3);  // a limit beyond the file
   // Counts that disagree between the images and the labels.
   write_idx_gz(tmp.file("train-labels-idx1-ubyte.gz"), {0x801, 2}, std::string("\x01\x02", 2));
   CHECK_THROWS_WITH(FashionMnistDataset(tmp.dir.string()), Contains("has 3 images but") && Contains("has 2 labels"));

@@ -90,6 +90,78 @@ TEST_CASE("accumulation gives the full batch's gradients within f32 tolerance") 
   for (auto& [_, p] : micro.model.named_parameters()) CHECK_FALSE(p.grad().defined());  // dropped
 }
 
+TEST_CASE("accumulation with ignored targets weights micro-batches by counted targets, not examples") {
+  // B = 5 rows of 16 targets; rows 0 and 1 are mostly ignored (-100), so the micro-batches of 2 hold
+  // very different numbers of counted targets. Weighting them by examples is ~10% off.
+  Setup full(kCPU, 0.0, 5), micro(kCPU, 0.0, 5);
+  for (Setup* s : {&full, &micro}) {
+    int64_t* t = s->tgt.data<int64_t>();
+    for (int64_t i = 0; i < 5 * 16; ++i)
+      if ((i < 32 && i % 5 != 0) || i % 7 == 3) t[i] = GPT::kIgnoreIndex;
+  }
+  auto counted = [](Setup& s) {
+    return [&s](int64_t b, int64_t n) {
+      double c = 0;
+      for (double v : narrow(s.tgt, 0, b, n).to_double_vector()) c += v != double(GPT::kIgnoreIndex);
+      return c;
+    };
+  };
+  SGD sgd_full(full.model.named_parameters(), 1.0), sgd_micro(micro.model.named_parameters(), 1.0);
+  Trainer t_full(full.model, sgd_full, {});
+  Trainer t_micro(micro.model, sgd_micro, {.micro_batch = 2});
+  const auto before = full.params();
+  StepReport a = t_full.step(5, full.loss_fn(), counted(full));
+  StepReport b = t_micro.step(5, micro.loss_fn(), counted(micro));
+  CHECK(b.micro_steps == 3);
+  CHECK(b.loss == Approx(a.loss).epsilon(1e-6));
+  const auto pa = full.params(), pb = micro.params();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    std::vector<double> ga(pa[i].size()), gb(pb[i].size());
+    for (size_t k = 0; k < ga.size(); ++k) {
+      ga[k] = before[i][k] - pa[i][k];
+      gb[k] = before[i][k] - pb[i][k];
+    }
+    CHECK(test::all_close(gb, ga, 1e-4, 1e-6));
+  }
+  // Without the weights (one per example) the same accumulation is measurably wrong.
+  Setup wrong(kCPU, 0.0, 5);
+  wrong.tgt = micro.tgt;
+  SGD sgd_wrong(wrong.model.named_parameters(), 1.0);
+  Trainer t_wrong(wrong.model, sgd_wrong, {.micro_batch = 2});
+  StepReport c = t_wrong.step(5, wrong.loss_fn());
+  CHECK(std::abs(c.loss - a.loss) > 1e-3 * std::abs(a.loss));
+}
+
+TEST_CASE("the optimizer state exists before the first forward, so auto-fit settles in the first step") {
+  const Device dev{DeviceType::cpu, 10};
+  // run(micro, limit, steps): a fresh model trained `steps` steps under the budget; the micro-batch
+  // after each step and the final parameters.
+  auto run = [&](int64_t micro, size_t limit, int steps) {
+    Setup s(dev, 0.0, 8, budget_sized());
+    empty_cache(dev);
+    reset_peak_stats(dev);
+    set_memory_limit(dev, limit);
+    Trainer t(s.model, s.opt, {.micro_batch = micro, .auto_fit = true});
+    std::vector<int64_t> micros;
+    for (int i = 0; i < steps; ++i) {
+      t.step(8, s.loss_fn());
+      micros.push_back(t.micro_batch());
+    }
+    set_memory_limit(dev, 0);
+    return std::make_tuple(micros, memory_stats(dev).reserved.peak, s.params());
+  };
+  const int64_t p8 = std::get<1>(run(0, 0, 2)), p2 = std::get<1>(run(2, 0, 2));
+  REQUIRE(p2 < p8);
+  auto [micros, peak, params] = run(0, size_t((p2 + p8) / 2), 3);
+  INFO("micro-batch after each step: " << micros[0] << " " << micros[1] << " " << micros[2]);
+  CHECK(micros[0] < 8);
+  CHECK(micros[1] == micros[0]);  // settled once, in step 1
+  CHECK(micros[2] == micros[0]);
+  // Bit-identical to a run with the final micro-batch from the start.
+  auto [ref_micros, ref_peak, ref_params] = run(micros[0], 0, 3);
+  CHECK(ref_params == params);
+}
+
 TEST_CASE("peak activation memory follows the micro-batch, not the batch") {
   auto peak = [](int64_t micro) {
     const Device dev{DeviceType::cpu, 6};
@@ -232,9 +304,9 @@ TEST_CASE("fp16 training through the Trainer skips an overflowed step and backs 
 TEST_CASE("Trainer options and precision names are checked") {
   CHECK(parse_precision("bf16-pure") == Precision::bf16_pure);
   CHECK(precision_name(Precision::fp16) == "fp16");
-  CHECK_THROWS_WITH(parse_precision("int8"), Catch::Contains("unknown value 'int8'"));
+  CHECK_THROWS_WITH(parse_precision("int8"), Catch::Contains("unknown precision 'int8'"));
   Setup s(kCPU);
-  CHECK_THROWS_WITH(Trainer(s.model, s.opt, {.micro_batch = -1}), Catch::Contains("--micro-batch"));
+  CHECK_THROWS_WITH(Trainer(s.model, s.opt, {.micro_batch = -1}), Catch::Contains("micro_batch must be >= 0"));
   Trainer t(s.model, s.opt, {});
   CHECK_THROWS_WITH(t.load_state(nlohmann::json{{"micro_batch", "x"}}), Catch::Contains("micro_batch"));
 }

@@ -1,0 +1,42 @@
+// The flags every training command has (batch, optimizer, schedule, seed, device, budget, run
+// directory, resume, checkpoints and the memory techniques), so `gpt train` and `vision train`
+// spell them alike. Values are parsed into TrainOptions' types here, at the command-line edge.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <string>
+#include <vector>
+
+#include "apps/technique_flags.h"
+#include "apps/training_loop.h"
+
+namespace mg {
+
+// Adds the shared flags to `cmd`. Returns the ones that change the math of a run: with --resume
+// the run's config.json fixes them and the command rejects them (reject_on_resume).
+inline std::vector<CLI::Option*> add_train_flags(CLI::App* cmd, TrainOptions& t, const std::string& default_out) {
+  std::vector<CLI::Option*> fixed = {
+      cmd->add_option("--batch", t.batch, "examples per step")->capture_default_str(),
+      cmd->add_option_function<std::string>(
+             "--optimizer",
+             [&t](const std::string& s) { t.optimizer = parse_flag("--optimizer", s, parse_optimizer_kind); },
+             "adamw (decoupled weight decay; two state tensors per parameter) or sgd (with --momentum; "
+             "--momentum 0 keeps no optimizer state)")
+          ->default_str("adamw"),
+      cmd->add_option("--lr", t.lr, "peak learning rate (cosine schedule with warmup)")->capture_default_str(),
+      cmd->add_option("--weight-decay", t.weight_decay, "weight decay on rank >= 2 parameters")->capture_default_str(),
+      cmd->add_option("--momentum", t.momentum, "SGD momentum (0: plain SGD)")->capture_default_str(),
+      cmd->add_option("--grad-clip", t.grad_clip, "clip the global gradient norm to this (0: off)")
+          ->capture_default_str(),
+      cmd->add_option("--warmup", t.warmup, "warmup steps (default: 5% of the steps)"),
+      cmd->add_option("--seed", t.seed, "seed of weights, data order and dropout")->capture_default_str(),
+      cmd->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints")->capture_default_str(),
+      cmd->add_option("--out", t.out, "run directory (default: " + default_out + ")"),
+  };
+  cmd->add_option("--resume", t.resume, "continue the run in this directory from its checkpoint");
+  cmd->add_option("--device", t.device, "device, e.g. cpu:0")->capture_default_str();
+  cmd->add_option("--memory-limit", t.memory_limit, "memory budget of the device, e.g. 512MiB");
+  for (CLI::Option* f : add_technique_flags(cmd, t.techniques)) fixed.push_back(f);
+  return fixed;
+}
+
+}  // namespace mg

@@ -1,0 +1,180 @@
+// The shared training loop (see training_loop.h). One step: the next batch -> the Trainer's
+// micro-batches (forward, backward, under the run's techniques) -> clip -> optimizer step at the
+// schedule's lr -> the task's evaluation when due -> metrics.csv, progress, checkpoint. Everything
+// random derives from the seed, and a checkpoint holds the weights, the optimizer state, the
+// loader's position, the dropout stream and the Trainer's state, so a resumed run's losses equal
+// an uninterrupted run's bit for bit.
+#include "apps/training_loop.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "apps/interrupt_guard.h"
+#include "apps/run_setup.h"
+#include "core/error.h"
+#include "ops/ops.h"
+#include "optim/optim.h"
+#include "optim/trainer.h"
+
+namespace mg {
+
+OptimizerKind parse_optimizer_kind(const std::string& s) {
+  if (s == "adamw") return OptimizerKind::adamw;
+  if (s == "sgd") return OptimizerKind::sgd;
+  MG_THROW("unknown optimizer '", s, "'; expected adamw or sgd");
+}
+
+std::string optimizer_kind_name(OptimizerKind k) { return k == OptimizerKind::adamw ? "adamw" : "sgd"; }
+
+void TrainOptions::validate(const std::string& cmd) const {
+  MG_CHECK(batch > 0, cmd, ": --batch must be positive, got ", batch);
+  MG_CHECK(lr > 0 && std::isfinite(lr), cmd, ": --lr must be a positive number, got ", lr);
+  MG_CHECK(weight_decay >= 0 && std::isfinite(weight_decay), cmd, ": --weight-decay must be >= 0, got ", weight_decay);
+  MG_CHECK(momentum >= 0 && momentum < 1, cmd, ": --momentum must be in [0, 1), got ", momentum);
+  MG_CHECK(grad_clip >= 0 && std::isfinite(grad_clip), cmd, ": --grad-clip must be >= 0, got ", grad_clip);
+  MG_CHECK(checkpoint_every >= 0, cmd, ": --checkpoint-every must be >= 0, got ", checkpoint_every);
+}
+
+LrSchedule TrainOptions::schedule(int64_t total_steps) const {
+  return LrSchedule::cosine(lr, warmup >= 0 ? warmup : total_steps / 20, total_steps, lr * min_lr_ratio);
+}
+
+nlohmann::json TrainOptions::to_config(const LrSchedule& sched) const {
+  nlohmann::json opt = {{"type", optimizer_kind_name(optimizer)}, {"lr", lr}, {"weight_decay", weight_decay},
+                        {"weight_decay_on", "parameters of rank >= 2"}, {"grad_clip", grad_clip}};
+  if (optimizer == OptimizerKind::sgd) opt["momentum"] = momentum;
+  return {{"optimizer", opt},
+          {"schedule", {{"kind", "cosine"}, {"warmup_steps", sched.warmup_steps},
+                        {"total_steps", sched.total_steps}, {"min_lr", sched.min_lr}}},
+          {"seed", seed}, {"batch", batch}, {"checkpoint_every", checkpoint_every}, {"device", device},
+          {"techniques", techniques.to_json()}};
+}
+
+LrSchedule TrainOptions::read_config(const nlohmann::json& c, const std::string& cmd) {
+  try {
+    const auto& opt = c.at("optimizer");
+    // Runs from before --optimizer name it "AdamW".
+    const std::string type = opt.value("type", "adamw");
+    optimizer = type == "AdamW" ? OptimizerKind::adamw : parse_optimizer_kind(type);
+    lr = opt.at("lr");
+    weight_decay = opt.at("weight_decay");
+    grad_clip = opt.value("grad_clip", 0.0);
+    momentum = opt.value("momentum", momentum);
+    const auto& s = c.at("schedule");
+    seed = c.at("seed");
+    batch = c.at("batch");
+    checkpoint_every = c.at("checkpoint_every");
+    techniques = techniques.from_config(c);
+    return LrSchedule::cosine(lr, s.at("warmup_steps"), s.at("total_steps"), s.at("min_lr"));
+  } catch (const nlohmann::json::exception& e) {
+    MG_THROW(cmd, ": config.json of '", resume, "' is incomplete or malformed: ", e.what());
+  } catch (const Error& e) {
+    MG_THROW(cmd, ": config.json of '", resume, "' holds a bad value: ", e.what());
+  }
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model) {
+  std::vector<ParamGroup> groups = weight_decay_groups(model.named_parameters(), o.lr, o.weight_decay);
+  if (o.optimizer == OptimizerKind::sgd) return std::make_unique<SGD>(std::move(groups), SgdOptions{.momentum = o.momentum});
+  return std::make_unique<AdamW>(std::move(groups));
+}
+
+TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
+  const TrainOptions& o = setup.options;
+  RunDir& run = setup.run;
+  DataLoader& loader = setup.loader;
+  const LrSchedule& sched = setup.schedule;
+  std::unique_ptr<Optimizer> opt = make_optimizer(o, setup.model);
+  Trainer trainer(setup.model, *opt, o.techniques.trainer_options(o.grad_clip));
+
+  TrainingState state;
+  if (setup.resuming) {
+    state = run.load_checkpoint(setup.model, opt.get());
+    MG_CHECK(state.generators.count("dropout"), task.command, ": the checkpoint of '", run.path(),
+             "' has no dropout generator state");
+    state.generators.at("dropout").restore(dropout_generator());
+    loader.set_position(state.position);
+    if (!state.trainer.empty()) trainer.load_state(state.trainer);
+  } else {
+    dropout_generator().manual_seed(setup.dropout_seed);
+  }
+  MetricsWriter metrics(run.metrics_path(),
+                        {"step", "loss", task.eval_column, "lr", "time_s", "peak_bytes"},
+                        setup.resuming ? state.step : -1);
+
+  TrainResult r;
+  r.run_dir = run.path();
+  r.first_step = state.step;
+  r.num_parameters = setup.model.num_parameters();
+  Progress progress(task.command, setup.total_steps, task.unit, o.progress);
+  for (const std::string& line : task.notes) progress.note(line);
+  progress.note(task.command + ": " + task.header + ", " + optimizer_kind_name(o.optimizer) + " " + sched.str() +
+                ", techniques: " + o.techniques.str() + ", on " + setup.device.str() +
+                (setup.resuming ? ", resuming at step " + std::to_string(state.step) : "") + " -> " + run.path());
+
+  PeakMeter meter(setup.device, state.peak_bytes);
+  StepTimes times;
+  const auto t_start = std::chrono::steady_clock::now();
+  auto elapsed = [&] {
+    return state.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+  };
+  auto checkpoint = [&](int64_t step) {
+    if (!o.save_checkpoints) return;
+    run.save_checkpoint(setup.model, *opt,
+                        {.step = step, .position = loader.position(),
+                         .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
+                         .elapsed_s = elapsed(), .peak_bytes = meter.run_peak(), .trainer = trainer.state()});
+  };
+  setup.model.train();
+  InterruptGuard interrupt;
+  StepProfiler step_profiler(o.techniques, setup.device, state.step, setup.total_steps);
+  int64_t step = state.step;
+  while (step < setup.total_steps) {
+    if (o.stop_after >= 0 && step >= o.stop_after) break;
+    const double lr = sched(step);
+    step_profiler.before_step(step);
+    times.start();
+    meter.begin_step();
+    Batch batch = loader.next_step();
+    opt->set_lr(lr);
+    Trainer::MicroWeight weight;
+    if (task.micro_weight)
+      weight = [&](int64_t b, int64_t n) { return task.micro_weight(batch, b, n); };
+    const StepReport rep = trainer.step(
+        batch.size(), [&](int64_t b, int64_t n) { return task.micro_loss(batch, b, n); }, weight);
+    r.offloaded_bytes = std::max(r.offloaded_bytes, rep.offloaded_bytes);
+    if (rep.retries > 0)
+      progress.note("auto-fit: step " + std::to_string(step + 1) + " ran out of memory; retried with micro-batch " +
+                    std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
+    const int64_t step_peak = meter.end_step();
+    const double secs = times.stop();
+    if (std::string line = step_profiler.after_step(step, run.path()); !line.empty()) progress.note(line);
+    ++step;
+
+    const std::optional<Evaluation> eval = task.evaluate(step);
+    metrics.write({csv_number(step - 1), csv_number(rep.loss), eval ? csv_number(eval->value) : std::string(),
+                   csv_number(lr), csv_number(elapsed()), csv_number(step_peak)});
+    r.last_loss = rep.loss;
+    progress.update({.done = step, .loss = rep.loss,
+                     .throughput = double(batch.size() * task.items_per_example) / secs,
+                     .allocated = meter.allocated(), .peak = meter.run_peak(), .limit = meter.limit(),
+                     .extra = task.progress_extra(step, lr)});
+    if (eval && !eval->note.empty()) progress.note(eval->note);
+    r.interrupted = interrupt.raised() && step < setup.total_steps;
+    if (task.checkpoint_due(step) || step == setup.total_steps || r.interrupted) checkpoint(step);
+    if (r.interrupted) break;
+  }
+  progress.finish();
+  r.steps_done = step;
+  r.ms_per_step = 1000.0 * times.median();
+  r.items_per_s = times.count() ? double(o.batch * task.items_per_example) / times.median() : 0.0;
+  r.peak_bytes = meter.run_peak();
+  r.memory = StepMemory::of(meter);
+  r.micro_batch = trainer.micro_batch();
+  r.skipped_steps = trainer.scaler() ? trainer.scaler()->skipped_steps() : 0;
+  return r;
+}
+
+}  // namespace mg

@@ -1,0 +1,131 @@
+// The training loop that `gpt train` and `vision train` share. A command builds its data, its
+// model and its run directory, then hands the loop what is specific to it (a TrainingTask: the
+// micro-batch loss, when and how to evaluate, what the progress line adds); the loop does the
+// rest the same way for every model: the optimizer and its schedule, the Trainer step with the
+// memory techniques, resuming from and writing checkpoints, metrics.csv, progress lines, peak
+// memory per step, step-time medians, --profile and Ctrl-C.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/progress.h"
+#include "apps/run_dir.h"
+#include "apps/step_meters.h"
+#include "apps/technique_options.h"
+#include "data/data_loader.h"
+#include "models/nn/module.h"
+#include "optim/lr_schedule.h"
+#include "optim/optimizer.h"
+
+namespace mg {
+
+// --optimizer: AdamW (betas 0.9, 0.999) or SGD (with --momentum; 0 keeps no state at all).
+enum class OptimizerKind { adamw, sgd };
+OptimizerKind parse_optimizer_kind(const std::string& s);  // "adamw", "sgd"
+std::string optimizer_kind_name(OptimizerKind k);
+
+// The settings every training command has. Commands derive their options from it and set their
+// own defaults (GPT: batch 8, lr 3e-4, clipping at 1; MobileNetV2: batch 64, lr 1e-3, no clipping).
+struct TrainOptions {
+  int64_t batch = 8;
+  OptimizerKind optimizer = OptimizerKind::adamw;
+  double lr = 3e-4;                 // peak of the cosine schedule
+  double weight_decay = 0.01;       // on parameters of rank >= 2 only (decoupled for AdamW)
+  double momentum = 0.9;            // SGD only
+  double grad_clip = 0.0;           // clip the global gradient norm to this; 0: off
+  int64_t warmup = -1;              // warmup steps; -1: 5% of the steps
+  double min_lr_ratio = 0.1;        // the schedule ends at lr * min_lr_ratio
+  uint64_t seed = 1;                // weights, data order and dropout all derive from it
+  std::string device = "cpu:0";
+  std::string memory_limit{};       // device budget, e.g. "512MiB"
+  std::string out{};                // run directory of a new run ("" = runs/<name>-<date>-<time>)
+  std::string resume{};             // run directory to continue (its config.json decides the rest)
+  int64_t checkpoint_every = 0;     // steps between checkpoints; 0: the command's default points
+  bool save_checkpoints = true;     // false: no checkpoint at all (`memgrad bench`; not resumable)
+  TechniqueOptions techniques{};    // checkpointing, precision, accumulation, auto-fit, offload
+  ProgressStyle progress = ProgressStyle::automatic;
+  int64_t stop_after = -1;          // stop after this many steps without the final checkpoint (tests)
+
+  // Checks the values a new run takes from these options (resumed runs take them from config.json).
+  void validate(const std::string& cmd) const;
+  // The schedule of a new run of total_steps steps.
+  LrSchedule schedule(int64_t total_steps) const;
+  // config.json's "optimizer", "schedule", "seed", "batch", "checkpoint_every", "device", "techniques".
+  nlohmann::json to_config(const LrSchedule& sched) const;
+  // The same settings back from a run's config.json (resuming); device, budget, progress,
+  // stop_after, auto-fit and profile stay this process's own. Returns the run's schedule.
+  LrSchedule read_config(const nlohmann::json& config, const std::string& cmd);
+};
+
+// The optimizer `o` asks for over `model`'s parameters (no weight decay on rank < 2).
+std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model);
+
+// What the loop reports; the commands' results add their own fields.
+struct TrainResult {
+  std::string run_dir{};
+  int64_t first_step = 0;      // 0, or the checkpoint's step when resuming
+  int64_t steps_done = 0;      // the step count when training stopped
+  double last_loss = 0.0;
+  double ms_per_step = 0.0;    // median over this process's steps after the first
+  double items_per_s = 0.0;    // tokens or images per second of the median step
+  int64_t peak_bytes = 0;      // the run's peak allocated bytes on the device
+  int64_t num_parameters = 0;
+  StepMemory memory{};         // steady-state peaks per category (steps after the first)
+  int64_t micro_batch = 0;     // the micro-batch training ended with (0: whole batch)
+  int64_t skipped_steps = 0;   // fp16 steps skipped for inf/NaN gradients
+  int64_t offloaded_bytes = 0; // the most saved-activation bytes one step parked on the offload device
+  bool interrupted = false;    // stopped by Ctrl-C (a checkpoint was written first)
+};
+
+// An evaluation the task ran after a step: its value (metrics.csv's evaluation column) and an
+// optional line for the log.
+struct Evaluation {
+  double value = 0.0;
+  std::string note{};
+};
+
+// What a command plugs into the loop.
+struct TrainingTask {
+  std::string command;               // "gpt train": names log lines and errors
+  std::string unit;                  // throughput unit, "tok/s" or "img/s"
+  int64_t items_per_example = 1;     // tokens per sequence, or 1 image
+  std::string eval_column;           // metrics.csv's column of Evaluation::value ("val_loss")
+  std::vector<std::string> notes{};  // lines printed before the first step
+  std::string header{};              // "gpt-mini (N parameters), batch ..." (the loop adds the rest)
+  // The mean loss over examples [begin, begin + count) of the batch (the graph on).
+  std::function<Tensor(const Batch&, int64_t begin, int64_t count)> micro_loss;
+  // How many terms that mean is over (counted targets); unset: one per example.
+  std::function<double(const Batch&, int64_t begin, int64_t count)> micro_weight{};
+  // After `steps_done` steps: an evaluation when one is due, else nothing.
+  std::function<std::optional<Evaluation>(int64_t steps_done)> evaluate;
+  // Whether a checkpoint is due after `steps_done` steps (the loop also writes one at the end
+  // and when interrupted).
+  std::function<bool(int64_t steps_done)> checkpoint_due;
+  // Extra text of the progress line ("lr 3.0e-04  val 1.234").
+  std::function<std::string(int64_t steps_done, double lr)> progress_extra;
+};
+
+// Where the loop runs: the command's model (on `device`, precision and checkpointing applied),
+// its training loader, run directory and schedule.
+struct TrainingSetup {
+  const TrainOptions& options;
+  Device device;
+  RunDir& run;
+  Module& model;
+  DataLoader& loader;
+  LrSchedule schedule;
+  int64_t total_steps = 0;
+  bool resuming = false;
+  uint64_t dropout_seed = 0;  // where a new run's dropout stream starts (a resumed run restores it)
+};
+
+// Trains from the run's checkpoint (or from the start) to total_steps, or until interrupted.
+TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task);
+
+}  // namespace mg
