@@ -142,9 +142,7 @@ void fill_rows(const Tensor& out, const Tensor& bias) {
 // Inputs are detached: nothing here records history.
 void run_product(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in) {
   Tensor a = a_in.detach(), b = b_in.detach(), bias = bias_in.defined() ? bias_in.detach() : Tensor();
-#ifdef MG_WITH_CUDA
   if (out.device().is_cuda()) return cuda::matmul(out, a, b, bias);  // cuBLAS (ops/cuda/matmul.cu)
-#endif
   MG_DISPATCH_FLOAT(out.dtype(), "matmul", [&] {
     if (bias.defined()) fill_rows<scalar_t>(out, bias);
     bmm_kernel<scalar_t>(out, a, b, bias.defined() ? 1 : 0);
