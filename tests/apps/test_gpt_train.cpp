@@ -231,7 +231,7 @@ TEST_CASE("gpt train with techniques: recorded in config.json, resumed exactly, 
   CHECK_THROWS_WITH(gpt_train(bad), Catch::Contains("--micro-batch (5) cannot exceed --batch (4)"));
   bad.techniques.micro_batch = 0;
   bad.techniques.checkpoint = "layers";
-  CHECK_THROWS_WITH(gpt_train(bad), Catch::Contains("unknown policy 'layers'"));
+  CHECK_THROWS_WITH(gpt_train(bad), Catch::Contains("checkpoint policy 'layers' is unknown"));
   bad.techniques.checkpoint = "none";
   bad.techniques.offload_activations = "cpu:0";
   CHECK_THROWS_WITH(gpt_train(bad), Catch::Contains("needs another device"));
