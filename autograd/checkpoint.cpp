@@ -170,12 +170,12 @@ CheckpointPolicy CheckpointPolicy::parse(const std::string& text) {
     } catch (const std::exception&) {
       used = 0;
     }
-    MG_CHECK(used == k.size() && !k.empty() && v >= 1, "--checkpoint: 'every:K' needs a whole K >= 1, got '", text,
-             "'");
+    MG_CHECK(used == k.size() && !k.empty() && v >= 1, "checkpoint policy '", text,
+             "': 'every:K' needs a whole K >= 1");
     p.kind = Kind::every;
     p.every = v;
   } else {
-    MG_THROW("--checkpoint: unknown policy '", text, "'; expected none, blocks, every:K, sqrt or selective");
+    MG_THROW("checkpoint policy '", text, "' is unknown; expected none, blocks, every:K, sqrt or selective");
   }
   return p;
 }
@@ -189,6 +189,26 @@ std::string CheckpointPolicy::str() const {
     case Kind::selective: return "selective";
   }
   return "?";
+}
+
+Tensor checkpoint_sequential(const std::vector<BlockFn>& blocks, const CheckpointPolicy& policy, const Tensor& x) {
+  const int64_t n = int64_t(blocks.size());
+  Tensor y = x;
+  int64_t i = 0;
+  for (const auto& [begin, end] : policy.segments(n)) {
+    for (; i < begin; ++i) y = blocks[size_t(i)](y);
+    std::vector<BlockFn> segment(blocks.begin() + begin, blocks.begin() + end);  // outlives this call
+    y = checkpoint(
+        [segment = std::move(segment)](const Tensor& in) {
+          Tensor t = in;
+          for (const BlockFn& block : segment) t = block(t);
+          return t;
+        },
+        y);
+    i = end;
+  }
+  for (; i < n; ++i) y = blocks[size_t(i)](y);
+  return y;
 }
 
 std::vector<std::pair<int64_t, int64_t>> CheckpointPolicy::segments(int64_t n) const {

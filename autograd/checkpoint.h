@@ -30,7 +30,7 @@ Tensor checkpoint(const std::function<Tensor(const Tensor&)>& fn, const Tensor& 
 // forward skip them then (BatchNorm does not update its running statistics a second time).
 bool checkpoint_recomputing();
 
-// Which parts of a model are checkpointed: what `--checkpoint` parses.
+// Which parts of a model are checkpointed (the apps' `--checkpoint` option).
 //   none         nothing (every activation is saved)
 //   blocks       every block is its own segment
 //   every:K      blocks 0, K, 2K, ... are checkpointed (each on its own); the others save as usual
@@ -50,5 +50,16 @@ struct CheckpointPolicy {
   // Whole-block segments [begin, end) over n blocks (none and selective: no segments).
   std::vector<std::pair<int64_t, int64_t>> segments(int64_t n_blocks) const;
 };
+
+// One block of a chain: y = block(x) (a layer's forward, usually a lambda over a module).
+using BlockFn = std::function<Tensor(const Tensor&)>;
+
+// x through blocks[0], blocks[1], ... in order, under `policy`: each of policy.segments(n) runs as
+// one checkpoint() segment (only its input is saved; backward recomputes it), the blocks outside
+// every segment save their activations as usual. none and selective run the blocks plainly
+// (selective checkpointing lives inside a model's blocks). Gradients are bit-identical to the
+// plain chain's. The segments keep their own copies of the block functions for the recompute,
+// so `blocks` may be a temporary; what the functions capture must outlive backward.
+Tensor checkpoint_sequential(const std::vector<BlockFn>& blocks, const CheckpointPolicy& policy, const Tensor& x);
 
 }  // namespace mg

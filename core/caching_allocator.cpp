@@ -88,29 +88,30 @@ void notify(const MemoryEvent& e) {
   for (AllocatorObserver* o : g_observers) o->on_event(e);
 }
 
+// Note [Out-of-memory hints]: only techniques memgrad has, each with the `memgrad gpt|vision
+// train` flag that turns it on (apps/technique_flags.h), chosen by the category that holds the
+// most memory. tests/core/test_allocator.cpp checks each category's hint.
 std::string techniques_hint(const MemoryStats& s) {
-  // The category holding most memory decides which techniques are worth trying.
   MemoryCategory top = MemoryCategory::other;
   int64_t best = -1;
   for (MemoryCategory c : kAllMemoryCategories)
     if (s.category(c).current > best) best = s.category(c).current, top = c;
   switch (top) {
     case MemoryCategory::activation:
-      return "activations dominate: try activation checkpointing (--checkpoint blocks), a smaller "
-             "micro-batch (--micro-batch), bf16 autocast (--precision bf16) or activation offload";
+      return "activations dominate: try --checkpoint blocks (or every:K, sqrt, selective), a smaller "
+             "--micro-batch N (or --auto-fit to find one), --precision bf16 (or fp16) autocast, or "
+             "--offload-activations cpu:1 (saved activations wait on another device until backward)";
     case MemoryCategory::parameter:
-      return "parameters dominate: try bf16 parameters (--precision bf16-pure), pruning or INT8 "
-             "weights, or split the model over devices";
+      return "parameters dominate: try --precision bf16-pure (bf16 parameters and gradients)";
     case MemoryCategory::optimizer_state:
-      return "optimizer state dominates: try SGD without momentum, or shard optimizer state over "
-             "data-parallel ranks";
+      return "optimizer state dominates: try --optimizer sgd (plain SGD keeps no state per parameter)";
     case MemoryCategory::gradient:
-      return "gradients dominate: try bf16 gradients or gradient accumulation with a smaller "
-             "micro-batch";
+      return "gradients dominate: try --precision bf16-pure (bf16 parameters and gradients)";
     case MemoryCategory::input:
-      return "input batches dominate: try a smaller batch, smaller inputs or fewer prefetched batches";
+      return "input batches dominate: try a smaller --batch";
     default:
-      return "try a smaller batch, activation checkpointing or lower precision";
+      return "try a smaller --batch, a smaller --micro-batch N (or --auto-fit), --checkpoint blocks or "
+             "--precision bf16";
   }
 }
 

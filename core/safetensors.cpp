@@ -306,7 +306,7 @@ void write_tensor_bytes(TempFile& out, const Tensor& t) {
 
 }  // namespace
 
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata) {
   // Everything that can be checked is checked before the temp file exists.
   std::set<std::string> names;
@@ -345,10 +345,10 @@ void save_safetensors(const std::string& path, const std::vector<std::pair<std::
   out.commit();
 }
 
-std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& path, Device device) {
+NamedTensors load_safetensors(const std::string& path, Device device) {
   std::ifstream f = open_for_reading(path);
   Header h = read_header(f, path);
-  std::vector<std::pair<std::string, Tensor>> out;
+  NamedTensors out;
   out.reserve(h.entries.size());
   for (const Entry& e : h.entries) {
     Tensor t = empty(e.shape, {.dtype = e.dtype, .device = device});

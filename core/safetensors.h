@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/named_tensors.h"
 #include "core/tensor.h"
 
 namespace mg {
@@ -18,13 +19,13 @@ namespace mg {
 // (the "__metadata__" entry, omitted when empty). Throws naming the file on a meta or undefined
 // tensor, a duplicate name or the reserved name "__metadata__", and on any I/O failure, in which
 // case an existing file at `path` is left untouched and no temp file remains.
-void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
 // Reads every tensor, in the file's data order, into new contiguous tensors on `device` (under the
 // calling thread's memory category). On kMeta only the header is read: names, shapes and dtypes
 // of a file without loading its bytes (the file's size is still checked).
-std::vector<std::pair<std::string, Tensor>> load_safetensors(const std::string& path, Device device = kCPU);
+NamedTensors load_safetensors(const std::string& path, Device device = kCPU);
 
 // The "__metadata__" map (empty when absent). Validates the whole header, reads no tensor data.
 std::map<std::string, std::string> load_safetensors_metadata(const std::string& path);

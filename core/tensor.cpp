@@ -293,9 +293,7 @@ Tensor scalar_tensor(double value, const TensorOptions& opt) { return full({}, v
 void fill_(const Tensor& t, double value) {
   t.bump_version();
   if (t.is_meta() || t.numel() == 0) return;
-#ifdef MG_WITH_CUDA
   if (t.device().is_cuda()) return cuda::fill(t, value);
-#endif
   check_host(t, "fill_");
   MG_DISPATCH_ALL(t.dtype(), "fill_", [&] {
     scalar_t v = convert_scalar<scalar_t, double>(value);
@@ -316,9 +314,7 @@ void copy_(const Tensor& dst, const Tensor& src) {
   MG_CHECK(dst.shape() == src.shape(), "copy_: shapes differ: ", shape_str(dst.shape()), " vs ", shape_str(src.shape()));
   dst.bump_version();
   if (dst.is_meta() || dst.numel() == 0) return;
-#ifdef MG_WITH_CUDA
   if (dst.device() == src.device() && dst.device().is_cuda()) return cuda::copy(dst, src);
-#endif
   if (dst.device() != src.device()) {
     MG_CHECK(!src.is_meta(), "copy_: cannot copy from meta to ", dst.device().str(), ": meta tensors have no data");
     if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
@@ -373,9 +369,7 @@ void accumulate_(const Tensor& dst, const Tensor& src) {
            " does not match ", shape_str(dst.shape()), " ", dst.dtype(), " on ", dst.device().str());
   dst.bump_version();
   if (dst.is_meta() || dst.numel() == 0) return;
-#ifdef MG_WITH_CUDA
   if (dst.device().is_cuda()) return cuda::accumulate(dst, src);
-#endif
   check_host(dst, "accumulate_");
   MG_DISPATCH_NUMERIC(dst.dtype(), "accumulate_", [&] {
     scalar_t* d = static_cast<scalar_t*>(dst.storage()->data()) + dst.storage_offset();

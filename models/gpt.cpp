@@ -224,23 +224,12 @@ Tensor GPT::forward_hidden(const Tensor& idx) {
   MG_CHECK(idx.device() == wte->weight.device(), "GPT: token ids are on ", idx.device().str(),
            " but the model is on ", wte->weight.device().str(), " (move them with mg::to)");
   Tensor x = embed(idx, 0);
-  // Note [Checkpointed blocks]: the policy's segments run under checkpoint (only their input is
-  // saved; backward recomputes them); blocks outside every segment save their activations.
-  const int64_t L = int64_t(h->size());
-  int64_t l = 0;
-  for (const auto& [begin, end] : checkpoint_.segments(L)) {
-    for (; l < begin; ++l) x = h->at<Block>(size_t(l))->forward(x);
-    x = checkpoint(
-        [this, begin = begin, end = end](const Tensor& in) {
-          Tensor y = in;
-          for (int64_t i = begin; i < end; ++i) y = h->at<Block>(size_t(i))->forward(y);
-          return y;
-        },
-        x);
-    l = end;
-  }
-  for (; l < L; ++l) x = h->at<Block>(size_t(l))->forward(x);
-  return ln_f->forward(x);  // (B, T, C)
+  // The blocks under the checkpoint policy (autograd/checkpoint.h: checkpoint_sequential).
+  std::vector<BlockFn> blocks;
+  for (size_t l = 0; l < h->size(); ++l)
+    blocks.push_back([block = h->at<Block>(l)](const Tensor& t) { return block->forward(t); });
+  x = checkpoint_sequential(blocks, checkpoint_, x);  // (B, T, C)
+  return ln_f->forward(x);                             // (B, T, C)
 }
 
 // The output projection is tied to wte; only its first V rows are used, so the logits have the

@@ -5,6 +5,7 @@
 #include "models/mobilenet_v2.h"
 
 #include <cmath>
+#include <map>
 
 #include "models/nn/init.h"
 
@@ -88,20 +89,24 @@ MobileNetV2Config MobileNetV2Config::from_json(const nlohmann::json& j) {
 
 // ---- layers ----------------------------------------------------------------------------------
 
+ConvBNReLU6::ConvBNReLU6(std::shared_ptr<Conv2d> c, std::shared_ptr<BatchNorm2d> b) : UnaryModule("ConvBNReLU6") {
+  conv = register_module("conv", std::move(c));
+  bn = register_module("bn", std::move(b));
+  act = register_module("act", std::make_shared<ReLU6>());
+}
+
 Tensor ConvBNReLU6::forward(const Tensor& x) {
-  if (!recompute_bn_relu) return Sequential::forward(x);
   auto scope = forward_scope();
-  Tensor y = (*this)[0]->forward(x);  // the convolution's output: the only tensor kept
-  return checkpoint([this](const Tensor& t) { return (*this)[2]->forward((*this)[1]->forward(t)); }, y);
+  Tensor y = conv->forward(x);  // (N, out, H', W')
+  if (!recompute_bn_relu) return act->forward(bn->forward(y));
+  // Selective checkpointing: the convolution's output is the only tensor kept.
+  return checkpoint([bn = bn, act = act](const Tensor& t) { return act->forward(bn->forward(t)); }, y);
 }
 
 std::shared_ptr<ConvBNReLU6> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups,
                                            const InitOptions& init) {
-  auto seq = std::make_shared<ConvBNReLU6>();
-  seq->push_back(kaiming_conv(in, out, kernel, {.stride = stride, .padding = (kernel - 1) / 2, .groups = groups}, init));
-  seq->push_back(std::make_shared<BatchNorm2d>(out, 1e-5, 0.1, init));
-  seq->push_back(std::make_shared<ReLU6>());
-  return seq;
+  auto conv = kaiming_conv(in, out, kernel, {.stride = stride, .padding = (kernel - 1) / 2, .groups = groups}, init);
+  return std::make_shared<ConvBNReLU6>(conv, std::make_shared<BatchNorm2d>(out, 1e-5, 0.1, init));
 }
 
 InvertedResidual::InvertedResidual(int64_t in, int64_t out, int64_t stride, int64_t expand_ratio,
@@ -159,31 +164,50 @@ Tensor MobileNetV2::forward(const Tensor& x) {
   auto scope = forward_scope();
   MG_CHECK(x.defined() && x.dim() == 4 && x.size(1) == cfg_.in_channels, "MobileNetV2: expected input (N, ",
            cfg_.in_channels, ", H, W), got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
-  Tensor f;  // (N, 1280, H', W')
-  if (checkpoint_.kind == CheckpointPolicy::Kind::none || checkpoint_.kind == CheckpointPolicy::Kind::selective) {
-    f = features->forward(x);
-  } else {
-    // The blocks are features[1 .. n-2]; segments index them from 0 (Note [Checkpointed blocks]
-    // in gpt.cpp).
-    auto features_scope = features->forward_scope();
-    const Sequential& fs = *features;
-    const int64_t n_blocks = int64_t(fs.size()) - 2;
-    auto run = [&fs](const Tensor& in, int64_t begin, int64_t end) {  // blocks [begin, end)
-      Tensor y = in;
-      for (int64_t i = begin; i < end; ++i) y = fs[size_t(i + 1)]->forward(y);
-      return y;
-    };
-    f = fs[0]->forward(x);  // stem
-    int64_t b = 0;
-    for (const auto& [begin, end] : checkpoint_.segments(n_blocks)) {
-      f = run(f, b, begin);
-      f = checkpoint([run, begin = begin, end = end](const Tensor& in) { return run(in, begin, end); }, f);
-      b = end;
-    }
-    f = run(f, b, n_blocks);
-    f = fs[fs.size() - 1]->forward(f);  // the last 1x1 conv
-  }
+  // features: the stem, the inverted-residual blocks features[1 .. n-2] under the checkpoint
+  // policy (autograd/checkpoint.h: checkpoint_sequential), the last 1x1 conv.
+  auto features_scope = features->forward_scope();
+  const Sequential& fs = *features;
+  std::vector<BlockFn> blocks;
+  for (size_t i = 1; i + 1 < fs.size(); ++i)
+    blocks.push_back([block = fs[i]](const Tensor& t) { return block->forward(t); });
+  Tensor f = fs[0]->forward(x);                      // stem
+  f = checkpoint_sequential(blocks, checkpoint_, f);
+  f = fs[fs.size() - 1]->forward(f);                 // (N, 1280, H', W')
   return classifier->forward(global_avg_pool2d(f));  // (N, 1280) -> (N, classes)
+}
+
+std::string MobileNetV2::torchvision_name(const std::string& name) {
+  // Split at dots; "bn" only names a ConvBNReLU6's batch norm, and "conv" names a ConvBNReLU6's
+  // convolution exactly when a parameter name follows it (an InvertedResidual's "conv" is
+  // followed by an index).
+  std::vector<std::string> parts;
+  for (size_t start = 0;;) {
+    size_t dot = name.find('.', start);
+    parts.push_back(name.substr(start, dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    std::string p = parts[i];
+    if (p == "bn") p = "1";
+    else if (p == "conv" && i + 2 == parts.size()) p = "0";
+    out += (i ? "." : "") + p;
+  }
+  return out;
+}
+
+LoadResult MobileNetV2::load_torchvision_state_dict(const NamedTensors& state, bool strict) {
+  std::map<std::string, std::string> ours;  // torchvision name -> this model's name
+  for (const auto& [name, t] : state_dict()) ours[torchvision_name(name)] = name;
+  NamedTensors renamed;
+  renamed.reserve(state.size());
+  for (const auto& [name, t] : state) {
+    auto it = ours.find(name);
+    renamed.emplace_back(it == ours.end() ? name : it->second, t);
+  }
+  return load_state_dict(renamed, strict);
 }
 
 void MobileNetV2::set_checkpoint(CheckpointPolicy policy) {

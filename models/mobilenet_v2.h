@@ -1,8 +1,9 @@
 // MobileNetV2 (Sandler et al. 2018) as torchvision builds it: a stem conv, 17 inverted residual
 // blocks (1x1 expand, 3x3 depthwise, 1x1 linear projection; ReLU6 and BatchNorm), a 1x1 conv to
-// 1280 channels, global average pooling, dropout and a Linear classifier. Module names are
-// torchvision's (features.N.conv.M..., classifier.1), so its weights load by name. The
-// small-input variant (mobilenetv2-32) keeps 32x32 images from shrinking too early.
+// 1280 channels, global average pooling, dropout and a Linear classifier. Module names follow
+// torchvision's (features.N.conv.M..., classifier.1) except that a conv-BN-ReLU6 unit names its
+// parts conv / bn / act where torchvision has 0 / 1 / 2; load_torchvision_state_dict maps them.
+// The small-input variant (mobilenetv2-32) keeps 32x32 images from shrinking too early.
 // Shapes: N batch, C channels, H W spatial.
 #pragma once
 #include <cstdint>
@@ -40,13 +41,17 @@ struct MobileNetV2Config {
 // divisor), never more than 10% below v.
 int64_t make_divisible(double v, int64_t divisor = 8);
 
-// A Sequential of Conv2d (no bias, padding (k-1)/2), BatchNorm2d and ReLU6: torchvision's
-// Conv2dNormActivation, children "0", "1", "2". With recompute_bn_relu (selective
+// Conv2d (no bias, padding (k-1)/2), BatchNorm2d and ReLU6: torchvision's Conv2dNormActivation
+// (whose children are "0", "1", "2"), here named conv, bn, act. With recompute_bn_relu (selective
 // checkpointing) only the convolution's output is saved; the normalised and clipped tensors
 // are recomputed in backward.
-class ConvBNReLU6 : public Sequential {
+class ConvBNReLU6 : public UnaryModule {
  public:
+  ConvBNReLU6(std::shared_ptr<Conv2d> conv, std::shared_ptr<BatchNorm2d> bn);
   Tensor forward(const Tensor& x) override;
+  std::shared_ptr<Conv2d> conv;
+  std::shared_ptr<BatchNorm2d> bn;
+  std::shared_ptr<ReLU6> act;
   bool recompute_bn_relu = false;
 };
 std::shared_ptr<ConvBNReLU6> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups,
@@ -76,6 +81,13 @@ class MobileNetV2 : public Module {
   // the stem and the last 1x1 conv save as usual); selective: every batch norm + ReLU6 pair.
   void set_checkpoint(CheckpointPolicy policy);
   const CheckpointPolicy& checkpoint_policy() const { return checkpoint_; }
+
+  // torchvision's name for one of this model's state_dict names: a ConvBNReLU6's "conv" / "bn"
+  // children are torchvision's "0" / "1" ("features.1.conv.0.bn.weight" -> "features.1.conv.0.1.weight").
+  static std::string torchvision_name(const std::string& name);
+  // load_state_dict for a state dict with torchvision's names (torchvision's weights, the PyTorch
+  // fixture); names that are neither are reported as unexpected, as by load_state_dict.
+  LoadResult load_torchvision_state_dict(const NamedTensors& state, bool strict = true);
 
   std::shared_ptr<Sequential> features;    // stem, 17 blocks, final 1x1 conv
   std::shared_ptr<Sequential> classifier;  // "0" Dropout, "1" Linear

@@ -140,13 +140,11 @@ void backward_kernel(const AttnDims& d, const C* q, const C* k, const C* v, cons
 
 DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
 
-#ifdef MG_WITH_CUDA
 // The same dims for the CUDA kernels (ops/cuda/attention.cu).
 cuda::AttentionDims cuda_dims(const AttnDims& d) {
   return {.S = d.S, .T = d.T, .HS = d.HS, .causal = d.causal, .scale = d.scale, .p = d.p, .seed = d.seed,
           .offset = d.offset};
 }
-#endif
 
 // t as a contiguous tensor of dtype c: t itself when it already is one, else a workspace copy.
 Tensor as_compute(const Tensor& t, DType c) {
@@ -204,11 +202,8 @@ class AttentionBackward : public Node {
       backward_kernel<C>(d_, ptr_or_null<C>(qc), ptr_or_null<C>(kc), ptr_or_null<C>(vc), pc.data<C>(), gc.data<C>(),
                          buf.data<C>(), ptr_or_null<C>(dqc), ptr_or_null<C>(dkc), ptr_or_null<C>(dvc));
     };
-#ifdef MG_WITH_CUDA
     if (pv.device().is_cuda()) cuda::attention_backward(cuda_dims(d_), qc, kc, vc, pc, gc, buf, dqc, dkc, dvc);
-    else
-#endif
-    if (c == DType::f64) run(0.0);
+    else if (c == DType::f64) run(0.0);
     else run(0.0f);
     if (dq.defined()) finish(dq, dqc);
     if (dk.defined()) finish(dk, dkc);
@@ -268,11 +263,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       using C = decltype(zero);
       forward_kernel<C>(d, qc.data<C>(), kc.data<C>(), vc.data<C>(), pc.data<C>(), ptr_or_null<C>(pd), oc.data<C>());
     };
-#ifdef MG_WITH_CUDA
     if (q.device().is_cuda()) cuda::attention_forward(cuda_dims(d), qc, kc, vc, pc, pd, oc);
-    else
-#endif
-    if (c == DType::f64) run(0.0);
+    else if (c == DType::f64) run(0.0);
     else run(0.0f);
     finish(att, pc);
     finish(out, oc);

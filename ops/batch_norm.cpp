@@ -235,12 +235,10 @@ class BatchNormBackward : public Node {
     Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();
     Tensor wv = weight.defined() ? weight.unpack() : Tensor();
     ChannelLayout l = channel_layout(xv);
-#ifdef MG_WITH_CUDA
     if (dy.device().is_cuda()) {
       cuda::batch_norm_backward(dx, dw, db, dy, xv, mv, rv, wv, l.N, l.C, l.S, training_);
       return {dx, dw, db};
     }
-#endif
     MG_DISPATCH_FLOAT(dy.dtype(), "batch_norm backward", [&] {
       using T = scalar_t;
       dispatch_param<T>(param_dtype_, [&](auto* p) {
@@ -339,7 +337,6 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
       MemoryCategoryGuard ws(MemoryCategory::workspace);
       stats = empty({2, l.C}, {.dtype = DType::f64, .device = x.device()});
     }
-#ifdef MG_WITH_CUDA
     if (x.device().is_cuda()) {
       if (training) {
         cuda::batch_norm_stats(stats, xc, l.N, l.C, l.S);
@@ -352,9 +349,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
       cuda::batch_norm_finish_stats(mean, rstd, stats, eps, update ? running_mean : Tensor(),
                                     update ? running_var : Tensor(), momentum, unbias);
       cuda::batch_norm_normalize(y, xc, mean, rstd, weight, bias, l.N, l.C, l.S);
-    } else
-#endif
-    {
+    } else {
       double *bm = stats.data<double>(), *bv = bm + l.C;
       if (training) {
         MG_DISPATCH_FLOAT(x.dtype(), op, [&] { channel_stats<scalar_t>(bm, bv, xc, l); });

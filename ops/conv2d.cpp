@@ -70,11 +70,9 @@ ConvGeom make_geom(const Shape& xs, const Shape& ws, const Conv2dParams& p) {
 
 bool is_depthwise(const ConvGeom& g) { return g.groups == g.Cin && g.Cin > 1; }
 
-#ifdef MG_WITH_CUDA
 cuda::Conv2dGeom cuda_geom(const ConvGeom& g) {
   return {g.N, g.Cin, g.H, g.W, g.Cout, g.KH, g.KW, g.OH, g.OW, g.stride, g.pad, g.groups};
 }
-#endif
 
 // Outputs o in [lo, hi) read an in-bounds input 0 <= o*s - pad + k < in.
 void valid_range(int64_t in, int64_t out, int64_t k, int64_t s, int64_t pad, int64_t& lo, int64_t& hi) {
@@ -432,13 +430,11 @@ class Conv2dBackward : public Node {
     Tensor dx = need_dx ? empty(x_shape_, opt) : Tensor();
     Tensor dw = need_dw ? empty(w_shape_, opt) : Tensor();
     ConvGeom g = make_geom(x_shape_, w_shape_, p_);
-#ifdef MG_WITH_CUDA
     if (dout.device().is_cuda()) {
       Tensor db = has_bias_ && needs_input_grad(2) ? empty({g.Cout}, opt) : Tensor();
       cuda::conv2d_backward(cuda_geom(g), xv, wv, dout, dx, dw, db);
       return {dx, dw, db};
     }
-#endif
     if (need_dx || need_dw) {
       if (is_depthwise(g)) {
         detail::depthwise_conv2d_backward(xv, wv, dout, dx, dw, p_.stride, p_.padding);
@@ -503,11 +499,8 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dP
   ConvGeom g = make_geom(x.shape(), weight.shape(), p);
   Tensor out = empty({g.N, g.Cout, g.OH, g.OW}, {.dtype = x.dtype(), .device = x.device()});
   Tensor xc = dense(x), wc = dense(weight), bc = dense(bias);
-#ifdef MG_WITH_CUDA
   if (x.device().is_cuda()) cuda::conv2d_forward(cuda_geom(g), xc, wc, bc, out);
-  else
-#endif
-  if (is_depthwise(g)) {
+  else if (is_depthwise(g)) {
     detail::depthwise_conv2d_forward(xc, wc, bc, out, p.stride, p.padding);
   } else {
     MG_DISPATCH_FLOAT(x.dtype(), "conv2d", [&] { conv2d_forward_gemm<scalar_t>(g, xc, wc, bc, out); });

@@ -55,12 +55,10 @@ Tensor apply_mask(const Tensor& x, uint64_t seed, uint64_t offset, double p) {
     MemoryCategoryGuard ws(MemoryCategory::workspace);  // a copy only for a strided x
     xc = contiguous(x.detach());
   }
-#ifdef MG_WITH_CUDA
   if (x.device().is_cuda()) {
     cuda::dropout(out, xc, seed, offset, p);  // the same mask (ops/cuda/dropout.cu)
     return out;
   }
-#endif
   MG_DISPATCH_FLOAT(x.dtype(), "dropout", [&] { dropout_kernel<scalar_t>(out, xc, seed, offset, p); });
   return out;
 }

@@ -33,14 +33,12 @@ Tensor map_unary(const char* op, const Tensor& x, F f, DTypeSet set = DTypeSet::
   check_defined(op, x, "input");
   OpNameGuard name(op);
   Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
-#ifdef MG_WITH_CUDA
   if (x.device().is_cuda()) {
     if (set == DTypeSet::floating) check_floating(op, x);
     if constexpr (cuda::CudaOpCode<F>::known) cuda::unary(cuda::CudaOpCode<F>::code, out, x);
     else MG_THROW(op, ": internal: this functor has no CUDA kernel");
     return out;
   }
-#endif
   if (set == DTypeSet::floating) {
     check_floating(op, x);
     MG_DISPATCH_FLOAT(x.dtype(), op, [&] { cpu_map1<scalar_t, scalar_t>(out, x, f); });
@@ -55,12 +53,10 @@ template <class O, class F>
 Tensor map_binary_as(const char* op, const Tensor& a, const Tensor& b, F f, DType out_dtype) {
   Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
   Tensor out = empty(shape, {.dtype = out_dtype, .device = a.device()});
-#ifdef MG_WITH_CUDA
   if (a.device().is_cuda()) {
     cuda::compare(cuda::CudaOpCode<F>::code, out, a, b);
     return out;
   }
-#endif
   MG_DISPATCH_NUMERIC(a.dtype(), op, [&] { cpu_map2<O, scalar_t, scalar_t>(out, a, b, f); });
   return out;
 }
@@ -78,14 +74,12 @@ Tensor map_binary(const char* op, const Tensor& a, const Tensor& b, F f, DTypeSe
   if (set == DTypeSet::floating) check_floating(op, a);
   OpNameGuard name(op);
   Tensor out;
-#ifdef MG_WITH_CUDA
   if (a.device().is_cuda()) {
     out = empty(broadcast_shapes(a.shape(), b.shape(), op), {.dtype = a.dtype(), .device = a.device()});
     if constexpr (cuda::CudaOpCode<F>::known) cuda::binary(cuda::CudaOpCode<F>::code, out, a, b);
     else MG_THROW(op, ": internal: this functor has no CUDA kernel");
     return out;
   }
-#endif
   MG_DISPATCH_NUMERIC(a.dtype(), op, [&] {
     Shape shape = broadcast_shapes(a.shape(), b.shape(), op);
     out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
@@ -247,14 +241,12 @@ template <class F>
 Tensor scalar_op(const char* op, const Tensor& x, double s, F f, DTypeSet set, cuda::BinaryOp code) {
   check_defined(op, x, "input");
   if (set == DTypeSet::floating) check_floating(op, x);
-#ifdef MG_WITH_CUDA
   if (x.device().is_cuda()) {
     OpNameGuard name(op);
     Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
     cuda::binary_scalar(code, out, x, s);
     return out;
   }
-#endif
   return map_unary(op, x, [f, s](auto v) { return f(v, decltype(v)(s)); }, DTypeSet::numeric);
 }
 
@@ -275,12 +267,10 @@ Tensor compare_scalar(const char* op, const Tensor& a, double s, F f) {
   check_defined(op, a, "input");
   OpNameGuard name(op);
   Tensor out = empty(a.shape(), {.dtype = DType::b8, .device = a.device()});
-#ifdef MG_WITH_CUDA
   if (a.device().is_cuda()) {
     cuda::compare_scalar(cuda::CudaOpCode<F>::code, out, a, s);
     return out;
   }
-#endif
   MG_DISPATCH_NUMERIC(a.dtype(), op, [&] {
     cpu_map1<bool, scalar_t>(out, a, [f, s](auto v) { return f(double(v), s); });
   });
@@ -486,13 +476,11 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   OpNameGuard name(op);
   Shape shape = broadcast_shapes(broadcast_shapes(cond.shape(), a.shape(), op), b.shape(), op);
   Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});
-#ifdef MG_WITH_CUDA
   if (a.device().is_cuda()) cuda::where(out, cond, a, b);
   else
-#endif
-  MG_DISPATCH_ALL(a.dtype(), op, [&] {
-    cpu_map3<scalar_t, bool, scalar_t, scalar_t>(out, cond, a, b, [](bool c, auto x, auto y) { return c ? x : y; });
-  });
+    MG_DISPATCH_ALL(a.dtype(), op, [&] {
+      cpu_map3<scalar_t, bool, scalar_t, scalar_t>(out, cond, a, b, [](bool c, auto x, auto y) { return c ? x : y; });
+    });
   if (auto node = make_node_if_needed<WhereBackward>({a, b})) {
     node->cond.save(cond);
     node->a_shape = a.shape();

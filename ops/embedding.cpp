@@ -84,12 +84,10 @@ class EmbeddingBackward : public Node {
     Tensor gc = contiguous_workspace(g[0]);  // (n, C)
     Tensor dweight = empty({V_, C}, {.dtype = g[0].dtype(), .device = g[0].device()});  // (V, C)
     if (skip_kernel(dweight)) return {dweight, Tensor()};
-#ifdef MG_WITH_CUDA
     if (dweight.device().is_cuda()) {
       cuda::embedding_backward(dweight, gc, idx);
       return {dweight, Tensor()};
     }
-#endif
     const bool wide = dweight.dtype() == DType::f32 || dweight.dtype() == DType::f64;
     Tensor acc = dweight;  // f16/bf16 sum in an f32 workspace and round once at the end
     if (!wide) {
@@ -131,18 +129,17 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Tensor out = empty(shape, {.dtype = weight.dtype(), .device = weight.device()});  // (..., C)
   if (!indices.is_meta()) {
     Tensor idx = contiguous_workspace(indices);
-#ifdef MG_WITH_CUDA
     if (idx.device().is_cuda()) {
       cuda::check_indices(idx, V, weight);
       if (!skip_kernel(out)) cuda::embedding_forward(out, weight, idx);
-    } else
-#endif
-    MG_DISPATCH_INDEX(idx.dtype(), op, [&] {
-      const scalar_t* pi = idx.data<scalar_t>();
-      check_range(pi, idx.numel(), V, weight);
-      if (!skip_kernel(out))
-        MG_DISPATCH_FLOAT(weight.dtype(), op, [&] { gather_rows<scalar_t>(out, weight, pi, idx.numel()); });
-    });
+    } else {
+      MG_DISPATCH_INDEX(idx.dtype(), op, [&] {
+        const scalar_t* pi = idx.data<scalar_t>();
+        check_range(pi, idx.numel(), V, weight);
+        if (!skip_kernel(out))
+          MG_DISPATCH_FLOAT(weight.dtype(), op, [&] { gather_rows<scalar_t>(out, weight, pi, idx.numel()); });
+      });
+    }
   }
   if (auto node = make_node_if_needed<EmbeddingBackward>({weight}, V)) {
     node->indices.save(indices);

@@ -147,12 +147,10 @@ class LayerNormBackward : public Node {
     }
     Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();
     Tensor wv = weight.defined() ? weight.unpack() : Tensor();
-#ifdef MG_WITH_CUDA
     if (dy.device().is_cuda()) {
       cuda::layer_norm_backward(dx, dw, db, dy, xv, mv, rv, wv);
       return {dx, dw, db};
     }
-#endif
     MG_DISPATCH_FLOAT(dy.dtype(), "layer_norm backward",
                       [&] { layer_norm_backward_kernel<scalar_t>(dx, dw, db, dy, xv, mv, rv, wv); });
     return {dx, dw, db};
@@ -196,11 +194,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
   }
   if (!skip_kernel(y)) {
     Tensor xc = contiguous_scratch(x);
-#ifdef MG_WITH_CUDA
     if (x.device().is_cuda()) cuda::layer_norm_forward(y, mean, rstd, xc, weight, bias, eps);
-    else
-#endif
-    MG_DISPATCH_FLOAT(x.dtype(), op, [&] { layer_norm_kernel<scalar_t>(y, mean, rstd, xc, weight, bias, eps); });
+    else MG_DISPATCH_FLOAT(x.dtype(), op, [&] { layer_norm_kernel<scalar_t>(y, mean, rstd, xc, weight, bias, eps); });
   }
   if (auto node = make_node_if_needed<LayerNormBackward>({x, weight, bias})) {
     if (keep_x) {

@@ -110,12 +110,10 @@ class CrossEntropyBackward : public Node {
     Tensor xv = logits.unpack(), tv = target.unpack(), lv = lse.unpack();
     Tensor dx = empty(xv.shape(), {.dtype = xv.dtype(), .device = xv.device()});  // (N, C)
     if (!skip_kernel(dx)) {
-#ifdef MG_WITH_CUDA
       if (xv.device().is_cuda()) {
         cuda::cross_entropy_backward(dx, xv, tv, lv, g[0], ignore_index_, count_);
         return {dx};
       }
-#endif
       // count_ == 0 (every target ignored): the loss was the constant 0, so the gradient is 0.
       double scale = count_ == 0 ? 0.0 : g[0].item_double() / double(count_);
       MG_DISPATCH_FLOAT(xv.dtype(), "cross_entropy backward", [&] {
@@ -206,19 +204,13 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_
   OpNameGuard name(op);
   int64_t N = logits.size(0), C = logits.size(1);
   int64_t count = 0;
-#ifdef MG_WITH_CUDA
   if (logits.device().is_cuda()) count = cuda::cross_entropy_count(target, C, ignore_index);
-  else
-#endif
-  if (!logits.is_meta())
+  else if (!logits.is_meta())
     count = MG_DISPATCH_INDEX(target.dtype(), op, [&] { return count_targets<scalar_t>(target, C, ignore_index); });
   Tensor loss = empty({}, {.dtype = logits.dtype(), .device = logits.device()});                    // ()
   Tensor lse = empty({N}, {.dtype = stat_dtype(logits.dtype()), .device = logits.device()});        // (N)
-#ifdef MG_WITH_CUDA
   if (logits.device().is_cuda()) cuda::cross_entropy_forward(loss, lse, logits, target, ignore_index, count);
-  else
-#endif
-  if (!loss.is_meta()) {
+  else if (!loss.is_meta()) {
     double total = 0;
     if (N > 0) {
       MG_DISPATCH_FLOAT(logits.dtype(), op, [&] {
@@ -255,12 +247,9 @@ Tensor mse_loss(const Tensor& input, const Tensor& target) {
   Tensor loss = empty({}, {.dtype = input.dtype(), .device = input.device()});  // ()
   if (!loss.is_meta()) {
     Tensor a = contiguous_scratch(input), b = contiguous_scratch(target);
-#ifdef MG_WITH_CUDA
     if (input.device().is_cuda()) {
       cuda::mse_loss(loss, a, b);
-    } else
-#endif
-    {
+    } else {
       double total = MG_DISPATCH_FLOAT(input.dtype(), op, [&] { return squared_error_sum<scalar_t>(a, b); });
       fill_(loss, total / double(input.numel()));  // an empty input gives NaN, as a mean of nothing
     }

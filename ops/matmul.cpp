@@ -16,6 +16,7 @@
 #include "ops/cpu_gemm.h"
 #include "ops/cpu_loops.h"
 #include "ops/cuda/launchers.h"
+#include "ops/gemm_view.h"
 #include "ops/ops.h"
 
 namespace mg {
@@ -26,55 +27,11 @@ namespace {
 // each using every thread. The choice depends only on shapes, not on the thread count.
 constexpr int64_t kSmallGemmMacs = int64_t(1) << 21;  // 128^3
 
-// How a (rows, cols) matrix with strides (rs, cs) is handed to a row-major GEMM without a copy:
-// as itself with leading dimension rs, or as the transpose of a stored (cols, rows) matrix with
-// leading dimension cs. nullopt when neither layout fits (no unit stride): the caller copies.
-struct GemmView {
-  Transpose trans;
-  int64_t ld;
-};
-std::optional<GemmView> gemm_view(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  const int64_t one = 1;
-  if ((cs == 1 || cols <= 1) && (rows <= 1 || rs >= std::max(cols, one)))
-    return GemmView{Transpose::no, rows <= 1 ? std::max(cols, one) : rs};
-  if ((rs == 1 || rows <= 1) && (cols <= 1 || cs >= std::max(rows, one)))
-    return GemmView{Transpose::yes, cols <= 1 ? std::max(rows, one) : cs};
-  return std::nullopt;
-}
-
-// Strides of t's batch dims (all but the last two) right-aligned to `batch`, 0 where broadcast.
-Shape batch_strides(const Tensor& t, const Shape& batch) {
-  Shape st(batch.size(), 0);
-  size_t tb = size_t(t.dim()) - 2, lead = batch.size() - tb;
-  for (size_t i = 0; i < tb; ++i) st[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
-  return st;
-}
-
-int64_t batch_offset(int64_t i, const Shape& batch, const Shape& st) {
-  int64_t off = 0;
-  for (size_t d = batch.size(); d-- > 0;) {
-    off += (i % batch[d]) * st[d];
-    i /= batch[d];
-  }
-  return off;
-}
-
-// When b is shared by every batch and a's rows are evenly spaced across batches, the batched
-// product is one (nb*N, K) x (K, M) GEMM. Returns the row stride of that flattened a, if any.
-std::optional<int64_t> flat_row_stride(const Shape& batch, const Shape& sa, int64_t N, int64_t K, const GemmView& va) {
-  if (va.trans != Transpose::no) return std::nullopt;
-  int64_t ld = N > 1 ? va.ld : -1;
-  int64_t expected = -1;
-  for (size_t d = batch.size(); d-- > 0;) {
-    if (batch[d] == 1) continue;
-    if (ld < 0) ld = sa[d];  // N == 1: rows are spaced by the innermost batch stride
-    if (expected < 0) expected = N * ld;
-    if (sa[d] != expected) return std::nullopt;
-    expected *= batch[d];
-  }
-  if (ld < std::max<int64_t>(K, 1)) return std::nullopt;
-  return ld;
-}
+using gemm::batch_offset;
+using gemm::batch_strides;
+using gemm::flat_row_stride;
+using gemm::gemm_view;
+using gemm::GemmView;
 
 // out (batch..., N, M), contiguous, dtype C: out = a b + beta * out, where a (..., N, K) and
 // b (..., K, M) have dtype C, any strides, and batch dims that broadcast to out's.
@@ -109,13 +66,13 @@ void bmm_kernel(const Tensor& out, Tensor a, Tensor b, compute_t<C> beta) {
   bool b_shared = std::all_of(sb.begin(), sb.end(), [](int64_t s) { return s == 0; });
   if (nb > 1 && b_shared) {
     if (auto ld = flat_row_stride(batch, sa, N, K, *va)) {
-      gemm_as<C>(Transpose::no, vb->trans, nb * N, M, K, pa, *ld, pb, vb->ld, beta, po, M, out.device());
+      gemm_as<C>(Transpose::no, Transpose(vb->trans), nb * N, M, K, pa, *ld, pb, vb->ld, beta, po, M, out.device());
       return;
     }
   }
   auto one = [&](int64_t i) {
-    gemm_as<C>(va->trans, vb->trans, N, M, K, pa + batch_offset(i, batch, sa), va->ld, pb + batch_offset(i, batch, sb),
-               vb->ld, beta, po + i * N * M, M, out.device());
+    gemm_as<C>(Transpose(va->trans), Transpose(vb->trans), N, M, K, pa + batch_offset(i, batch, sa), va->ld,
+               pb + batch_offset(i, batch, sb), vb->ld, beta, po + i * N * M, M, out.device());
   };
   if (nb > 1 && N * M * K <= kSmallGemmMacs) {
     parallel_for(0, nb, 1, [&](int64_t s, int64_t e) {
@@ -142,9 +99,7 @@ void fill_rows(const Tensor& out, const Tensor& bias) {
 // Inputs are detached: nothing here records history.
 void run_product(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in) {
   Tensor a = a_in.detach(), b = b_in.detach(), bias = bias_in.defined() ? bias_in.detach() : Tensor();
-#ifdef MG_WITH_CUDA
   if (out.device().is_cuda()) return cuda::matmul(out, a, b, bias);  // cuBLAS (ops/cuda/matmul.cu)
-#endif
   MG_DISPATCH_FLOAT(out.dtype(), "matmul", [&] {
     if (bias.defined()) fill_rows<scalar_t>(out, bias);
     bmm_kernel<scalar_t>(out, a, b, bias.defined() ? 1 : 0);

@@ -54,9 +54,7 @@ Tensor dense(const Tensor& t) {
   return contiguous(t.detach());
 }
 
-#ifdef MG_WITH_CUDA
 cuda::Pool2dGeom cuda_geom(const PoolGeom& g) { return {g.N, g.C, g.H, g.W, g.k, g.s, g.p, g.OH, g.OW}; }
-#endif
 
 // Max over each window (padding never wins); idx (if not null) gets the winner's h*W + w.
 // NaN wins (the first NaN of the window), as in PyTorch.
@@ -162,12 +160,10 @@ class MaxPool2dBackward : public Node {
     Tensor dout = dense(grads[0]);  // (N, C, OH, OW)
     Tensor idx = indices.unpack();  // (N, C, OH, OW) i32
     Tensor dx = empty(x_shape_, {.dtype = dout.dtype(), .device = dout.device()});
-#ifdef MG_WITH_CUDA
     if (dx.device().is_cuda()) {
       cuda::max_pool2d_backward(cuda_geom(g_), dout, idx, dx);
       return {dx};
     }
-#endif
     if (!skip_kernel(dx))
       MG_DISPATCH_FLOAT(dout.dtype(), "max_pool2d_backward",
                         [&] { max_pool_backward(g_, dout.data<scalar_t>(), idx.data<int32_t>(), dx.data<scalar_t>()); });
@@ -188,12 +184,10 @@ class AvgPool2dBackward : public Node {
     OpNameGuard op("avg_pool2d_backward");
     Tensor dout = dense(grads[0]);
     Tensor dx = empty(x_shape_, {.dtype = dout.dtype(), .device = dout.device()});
-#ifdef MG_WITH_CUDA
     if (dx.device().is_cuda()) {
       cuda::avg_pool2d_backward(cuda_geom(g_), dout, dx);
       return {dx};
     }
-#endif
     if (!skip_kernel(dx))
       MG_DISPATCH_FLOAT(dout.dtype(), "avg_pool2d_backward",
                         [&] { avg_pool_backward(g_, dout.data<scalar_t>(), dx.data<scalar_t>()); });
@@ -213,12 +207,10 @@ class GlobalAvgPool2dBackward : public Node {
     OpNameGuard op("global_avg_pool2d_backward");
     Tensor dout = dense(grads[0]);  // (N, C)
     Tensor dx = empty(x_shape_, {.dtype = dout.dtype(), .device = dout.device()});
-#ifdef MG_WITH_CUDA
     if (dx.device().is_cuda()) {
       cuda::global_avg_pool2d_backward(dout, dx);
       return {dx};
     }
-#endif
     if (!skip_kernel(dx)) {
       const int64_t hw = x_shape_[2] * x_shape_[3];
       MG_DISPATCH_FLOAT(dout.dtype(), "global_avg_pool2d_backward", [&] {
@@ -250,11 +242,8 @@ Tensor max_pool2d(const Tensor& x, Pool2dParams prm) {
   Tensor out = empty({g.N, g.C, g.OH, g.OW}, {.dtype = x.dtype(), .device = x.device()});
   Tensor idx = need_grad ? empty(out.shape(), {.dtype = DType::i32, .device = x.device()}) : Tensor();
   Tensor xc = dense(x);
-#ifdef MG_WITH_CUDA
   if (x.device().is_cuda()) cuda::max_pool2d_forward(cuda_geom(g), xc, out, idx);
-  else
-#endif
-  if (!skip_kernel(out))
+  else if (!skip_kernel(out))
     MG_DISPATCH_FLOAT(x.dtype(), op, [&] {
       max_pool_forward(g, xc.data<scalar_t>(), out.data<scalar_t>(), need_grad ? idx.data<int32_t>() : nullptr);
     });
@@ -272,11 +261,8 @@ Tensor avg_pool2d(const Tensor& x, Pool2dParams prm) {
   OpNameGuard name(op);
   Tensor out = empty({g.N, g.C, g.OH, g.OW}, {.dtype = x.dtype(), .device = x.device()});
   Tensor xc = dense(x);
-#ifdef MG_WITH_CUDA
   if (x.device().is_cuda()) cuda::avg_pool2d_forward(cuda_geom(g), xc, out);
-  else
-#endif
-  if (!skip_kernel(out))
+  else if (!skip_kernel(out))
     MG_DISPATCH_FLOAT(x.dtype(), op, [&] { avg_pool_forward(g, xc.data<scalar_t>(), out.data<scalar_t>()); });
   if (auto node = make_node_if_needed<AvgPool2dBackward>({x}, g, x.shape())) set_history(node, {x}, {out});
   return out;
@@ -292,11 +278,8 @@ Tensor global_avg_pool2d(const Tensor& x) {
   OpNameGuard name(op);
   Tensor out = empty({x.size(0), x.size(1)}, {.dtype = x.dtype(), .device = x.device()});
   Tensor xc = dense(x);
-#ifdef MG_WITH_CUDA
   if (x.device().is_cuda()) cuda::global_avg_pool2d_forward(xc, out);
-  else
-#endif
-  if (!skip_kernel(out)) {
+  else if (!skip_kernel(out)) {
     const int64_t hw = x.size(2) * x.size(3);
     MG_DISPATCH_FLOAT(x.dtype(), op, [&] {
       using A = compute_t<scalar_t>;

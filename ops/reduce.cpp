@@ -190,16 +190,15 @@ Tensor amax_impl(const char* op, const Tensor& x, int64_t dim, bool keepdim, boo
   Shape shape = reduced_shape(x, mask, keepdim);
   Tensor out = empty(shape, {.dtype = want_index ? DType::i64 : x.dtype(), .device = x.device()});
   if (!skip_kernel(out)) {
-#ifdef MG_WITH_CUDA
     if (x.device().is_cuda()) {
       if (want_index) cuda::amax(Tensor(), out, x, d);
       else cuda::amax(out, Tensor(), x, d);
-    } else
-#endif
-    MG_DISPATCH_NUMERIC(x.dtype(), op, [&] {
-      if (want_index) amax_kernel<scalar_t>(Tensor(), out, x, d);
-      else amax_kernel<scalar_t>(out, Tensor(), x, d);
-    });
+    } else {
+      MG_DISPATCH_NUMERIC(x.dtype(), op, [&] {
+        if (want_index) amax_kernel<scalar_t>(Tensor(), out, x, d);
+        else amax_kernel<scalar_t>(out, Tensor(), x, d);
+      });
+    }
   }
   if (!want_index) {
     if (auto node = make_node_if_needed<AmaxBackward>({x}, d, keepdim)) {
@@ -224,11 +223,8 @@ Tensor sum(const Tensor& x, const std::vector<int64_t>& dims, bool keepdim) {
   Tensor out = empty(shape, {.dtype = out_dtype, .device = x.device()});
   if (!out.is_meta()) {
     Tensor src = x.dtype() == DType::b8 ? cast(x, DType::i64) : x;
-#ifdef MG_WITH_CUDA
     if (src.device().is_cuda()) cuda::sum(out, src, mask);
-    else
-#endif
-    MG_DISPATCH_NUMERIC(src.dtype(), op, [&] { sum_kernel<scalar_t>(out, src, mask); });
+    else MG_DISPATCH_NUMERIC(src.dtype(), op, [&] { sum_kernel<scalar_t>(out, src, mask); });
   }
   if (auto node = make_node_if_needed<SumBackward>({x}, x.shape(), reduced_shape(x, mask, true)))
     set_history(node, {x}, {out});

@@ -120,12 +120,10 @@ class SoftmaxBackward : public Node {
     Tensor dx = empty(yv.shape(), {.dtype = yv.dtype(), .device = yv.device()});
     if (!skip_kernel(dx)) {
       RowLayout l = row_layout(yv.shape(), dim_);
-#ifdef MG_WITH_CUDA
       if (yv.device().is_cuda()) {
         cuda::softmax_backward(dx, dy, yv, l.outer, l.n, l.inner, kind_ == SoftmaxKind::log_softmax);
         return {dx};
       }
-#endif
       MG_DISPATCH_FLOAT(yv.dtype(), name().data(), [&] { softmax_backward_kernel<scalar_t>(dx, dy, yv, l, kind_); });
     }
     return {dx};
@@ -147,11 +145,8 @@ Tensor softmax_impl(const char* op, const Tensor& x, int64_t dim, SoftmaxKind ki
   if (!skip_kernel(y)) {
     Tensor xc = contiguous_scratch(x);
     RowLayout l = row_layout(x.shape(), d);
-#ifdef MG_WITH_CUDA
     if (x.device().is_cuda()) cuda::softmax_forward(y, xc, l.outer, l.n, l.inner, kind == SoftmaxKind::log_softmax);
-    else
-#endif
-    MG_DISPATCH_FLOAT(x.dtype(), op, [&] { softmax_kernel<scalar_t>(y, xc, l, kind); });
+    else MG_DISPATCH_FLOAT(x.dtype(), op, [&] { softmax_kernel<scalar_t>(y, xc, l, kind); });
   }
   if (auto node = make_node_if_needed<SoftmaxBackward>({x}, d, kind)) {
     node->y.save(y);

@@ -6,9 +6,7 @@
 #include <cmath>
 #include <cstdio>
 
-#ifdef MG_WITH_CUDA
 #include "ops/cuda/launchers.h"
-#endif
 
 namespace mg {
 
@@ -44,14 +42,12 @@ void Adam::update(const ParamGroup& group, const Tensor& param, const Tensor& gr
   const double step_size = lr / bias_correction1;
   const bool decoupled = decoupled_;
   const double eps = opt_.eps;
-#ifdef MG_WITH_CUDA
   if (param.device().is_cuda()) {  // the fused kernel, same order of operations
     const bool master = s.master.defined();
     cuda::adam_step(master ? s.master : param, grad, s.tensors[0].second, s.tensors[1].second,
                     master ? param : Tensor(), {lr, wd, b1, b2, eps, bias_correction1, bias_correction2_sqrt, decoupled});
     return;
   }
-#endif
   for_each_chunk(param, grad, s, [&](auto* w, const auto* g, auto st, int64_t n) {
     using C = std::remove_pointer_t<decltype(w)>;
     const C c_decay = C(1 - lr * wd), c_wd = C(wd), c_1mb1 = C(1 - b1), c_b2 = C(b2), c_1mb2 = C(1 - b2);

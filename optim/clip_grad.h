@@ -5,7 +5,7 @@
 #pragma once
 #include <vector>
 
-#include "models/nn/module.h"
+#include "core/named_tensors.h"
 
 namespace mg {
 

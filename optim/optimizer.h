@@ -14,9 +14,9 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/named_tensors.h"
 #include "core/parallel.h"
 #include "core/tensor.h"
-#include "models/nn/module.h"
 
 namespace mg {
 

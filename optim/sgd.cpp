@@ -1,9 +1,7 @@
 // SGD's element-wise update (see sgd.h for the rule); state: one momentum buffer per parameter.
 #include "optim/sgd.h"
 
-#ifdef MG_WITH_CUDA
 #include "ops/cuda/launchers.h"
-#endif
 
 namespace mg {
 
@@ -33,14 +31,12 @@ void SGD::update(const ParamGroup& group, const Tensor& param, const Tensor& gra
   const double lr = group.lr, wd = group.weight_decay;
   const double momentum = opt_.momentum, dampening = opt_.dampening;
   const bool nesterov = opt_.nesterov, first = s.step == 1;
-#ifdef MG_WITH_CUDA
   if (param.device().is_cuda()) {  // the fused kernel, same order of operations
     const bool master = s.master.defined();
     cuda::sgd_step(master ? s.master : param, grad, s.tensors.empty() ? Tensor() : s.tensors[0].second,
                    master ? param : Tensor(), {lr, wd, momentum, dampening, nesterov, first});
     return;
   }
-#endif
   for_each_chunk(param, grad, s, [&](auto* w, const auto* g, auto st, int64_t n) {
     using C = std::remove_pointer_t<decltype(w)>;
     const C c_wd = C(wd), c_mom = C(momentum), c_damp = C(1 - dampening), c_lr = C(lr);

@@ -13,12 +13,11 @@
 #include <vector>
 
 #include "core/memory_category.h"
+#include "core/named_tensors.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 
 namespace mg {
-
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
 // How a layer creates its parameters: which generator draws the initial values (the default
 // generator when null), and where / in which dtype the tensors live. Building on kMeta allocates

@@ -1,7 +1,9 @@
 // Host entry points of the CUDA kernels of ops/ (implemented in ops/cuda/*.cu, library mg_cuda).
-// Plain C++, no CUDA headers: the op files include it and call these where a tensor lives on
-// cuda:N, under #ifdef MG_WITH_CUDA. Each launcher expects what its op file already checked
-// (shapes, dtypes, one device) and allocated (outputs), and checks every CUDA status itself.
+// Plain C++, no CUDA headers, declared in every build: the op files call these where a tensor
+// lives on cuda:N, with no preprocessor; a build without CUDA links ops/cuda_launcher_stub.cpp,
+// whose launchers throw "<op>: tensor on cuda:N but this memgrad was built without CUDA". Each
+// launcher expects what its op file already checked (shapes, dtypes, one device) and allocated
+// (outputs), and checks every CUDA status itself.
 // The functor of ops/kernels/elementwise_functors.h behind each code is named next to it.
 #pragma once
 #include <cstdint>

@@ -9,71 +9,18 @@
 
 #include "ops/cuda/elementwise.cuh"
 #include "ops/cuda/gemm.h"
+#include "ops/gemm_view.h"
 #include "ops/cuda/launchers.h"
 
 namespace mg::cuda {
 namespace {
 
-// A (rows, cols) matrix with strides (rs, cs) as a row-major GEMM operand (see ops/matmul.cpp).
-struct GemmView {
-  bool trans;  // stored as (cols, rows) row-major
-  int64_t ld;
-};
-
-std::optional<GemmView> gemm_view(int64_t rows, int64_t cols, int64_t rs, int64_t cs) {
-  const int64_t one = 1;
-  if ((cs == 1 || cols <= 1) && (rows <= 1 || rs >= std::max(cols, one)))
-    return GemmView{false, rows <= 1 ? std::max(cols, one) : rs};
-  if ((rs == 1 || rows <= 1) && (cols <= 1 || cs >= std::max(rows, one)))
-    return GemmView{true, cols <= 1 ? std::max(rows, one) : cs};
-  return std::nullopt;
-}
-
-// Strides of t's batch dims right-aligned to `batch`, 0 where broadcast.
-Shape batch_strides(const Tensor& t, const Shape& batch) {
-  Shape st(batch.size(), 0);
-  size_t tb = size_t(t.dim()) - 2, lead = batch.size() - tb;
-  for (size_t i = 0; i < tb; ++i) st[lead + i] = t.shape()[i] == 1 ? 0 : t.strides()[i];
-  return st;
-}
-
-int64_t batch_offset(int64_t i, const Shape& batch, const Shape& st) {
-  int64_t off = 0;
-  for (size_t d = batch.size(); d-- > 0;) {
-    off += (i % batch[d]) * st[d];
-    i /= batch[d];
-  }
-  return off;
-}
-
-// The stride s with offset(i) == i * s over the flattened batch, if there is one.
-std::optional<int64_t> linear_batch_stride(const Shape& batch, const Shape& st) {
-  std::optional<int64_t> s;
-  int64_t inner = 1;
-  for (size_t d = batch.size(); d-- > 0;) {
-    if (batch[d] == 1) continue;
-    if (!s) s = st[d];  // inner is 1 here: dims after d all have size 1
-    else if (st[d] != *s * inner) return std::nullopt;
-    inner *= batch[d];
-  }
-  return s ? s : std::optional<int64_t>(0);
-}
-
-// b shared by every batch and a's rows evenly spaced: the row stride of a flattened (nb*N, K) a.
-std::optional<int64_t> flat_row_stride(const Shape& batch, const Shape& sa, int64_t N, int64_t K, const GemmView& va) {
-  if (va.trans) return std::nullopt;
-  int64_t ld = N > 1 ? va.ld : -1;
-  int64_t expected = -1;
-  for (size_t d = batch.size(); d-- > 0;) {
-    if (batch[d] == 1) continue;
-    if (ld < 0) ld = sa[d];
-    if (expected < 0) expected = N * ld;
-    if (sa[d] != expected) return std::nullopt;
-    expected *= batch[d];
-  }
-  if (ld < std::max<int64_t>(K, 1)) return std::nullopt;
-  return ld;
-}
+using gemm::batch_offset;
+using gemm::batch_strides;
+using gemm::flat_row_stride;
+using gemm::gemm_view;
+using gemm::GemmView;
+using gemm::linear_batch_stride;
 
 struct GemmTypes {
   cudaDataType_t data;

@@ -2,6 +2,7 @@
 // error message, recovery after OOM, and that reserved bytes match the process's resident memory.
 #include <catch2/catch.hpp>
 #include <fstream>
+#include <vector>
 #include <string>
 
 #include "core/allocator.h"
@@ -113,6 +114,45 @@ TEST_CASE("budget: OutOfMemoryError explains itself and nothing leaks", "[alloca
   ok = Tensor();
   set_memory_limit(d, 0);
   empty_cache(d);
+}
+
+TEST_CASE("budget: the out-of-memory hint names only existing techniques, each with its flag", "[allocator]") {
+  Device d = fresh_cpu(19);
+  const std::vector<std::pair<MemoryCategory, std::vector<std::string>>> expected = {
+      {MemoryCategory::activation,
+       {"activations dominate", "--checkpoint blocks", "--micro-batch N", "--auto-fit", "--precision bf16",
+        "--offload-activations cpu:1"}},
+      {MemoryCategory::parameter, {"parameters dominate", "--precision bf16-pure"}},
+      {MemoryCategory::optimizer_state, {"optimizer state dominates", "--optimizer sgd"}},
+      {MemoryCategory::gradient, {"gradients dominate", "--precision bf16-pure"}},
+      {MemoryCategory::input, {"input batches dominate", "--batch"}},
+      {MemoryCategory::other, {"--batch", "--checkpoint blocks", "--precision bf16"}},
+  };
+  for (const auto& [category, phrases] : expected) {
+    INFO(category_name(category));
+    empty_cache(d);
+    set_memory_limit(d, 8 << 20);
+    Tensor keep;
+    {
+      MemoryCategoryGuard g(category);
+      keep = empty({1 << 20}, {.device = d});  // 4 MiB: the largest category
+    }
+    std::string hint;
+    try {
+      Tensor t = empty({2 << 20}, {.device = d});  // 8 MiB: over the budget
+      FAIL("expected OutOfMemoryError");
+    } catch (const OutOfMemoryError& e) {
+      std::string m = e.what();
+      REQUIRE(m.find("hint: ") != std::string::npos);
+      hint = m.substr(m.find("hint: "));
+    }
+    for (const std::string& p : phrases) CHECK_THAT(hint, Catch::Contains(p));
+    for (const char* absent : {"prun", "INT8", "shard", "split", "momentum"})
+      CHECK_THAT(hint, !Catch::Contains(absent, Catch::CaseSensitive::No));
+    keep = Tensor();
+    set_memory_limit(d, 0);
+    empty_cache(d);
+  }
 }
 
 TEST_CASE("budget: cached blocks are released and retried before failing", "[allocator]") {

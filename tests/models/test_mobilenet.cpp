@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 
 #include "autograd/engine.h"
 #include "core/safetensors.h"
@@ -69,7 +70,7 @@ TEST_CASE("mobilenet: named configurations and JSON", "[mobilenet]") {
                     Catch::Contains("width_mult must be positive"));
 }
 
-TEST_CASE("mobilenet: parameter counts and torchvision names", "[mobilenet]") {
+TEST_CASE("mobilenet: parameter counts, named conv/bn/act units and torchvision names", "[mobilenet]") {
   // torchvision.models.mobilenet_v2() has 3,504,872 parameters; with 10 classes the classifier
   // loses 1280 * 990 + 990 (tests/gen_model_fixtures.py prints both counts).
   MobileNetV2 m224(MobileNetV2Config::named("mobilenetv2-224"), {.device = kMeta});
@@ -79,20 +80,34 @@ TEST_CASE("mobilenet: parameter counts and torchvision names", "[mobilenet]") {
   CHECK(m224.features->size() == 19);
   std::map<std::string, Shape> shapes;
   for (auto& [n, t] : m224.state_dict()) shapes[n] = t.shape();
-  CHECK(shapes.at("features.0.0.weight") == Shape{32, 3, 3, 3});
-  CHECK(shapes.at("features.1.conv.0.0.weight") == Shape{32, 1, 3, 3});  // t = 1: no expansion
+  CHECK(shapes.at("features.0.conv.weight") == Shape{32, 3, 3, 3});
+  CHECK(shapes.at("features.1.conv.0.conv.weight") == Shape{32, 1, 3, 3});  // t = 1: no expansion
   CHECK(shapes.at("features.1.conv.1.weight") == Shape{16, 32, 1, 1});
-  CHECK(shapes.at("features.2.conv.0.0.weight") == Shape{96, 16, 1, 1});
-  CHECK(shapes.at("features.2.conv.1.0.weight") == Shape{96, 1, 3, 3});
+  CHECK(shapes.at("features.2.conv.0.conv.weight") == Shape{96, 16, 1, 1});
+  CHECK(shapes.at("features.2.conv.1.conv.weight") == Shape{96, 1, 3, 3});
+  CHECK(shapes.at("features.2.conv.1.bn.weight") == Shape{96});
   CHECK(shapes.at("features.2.conv.3.running_var") == Shape{24});
   CHECK(shapes.at("features.17.conv.2.weight") == Shape{320, 960, 1, 1});
-  CHECK(shapes.at("features.18.0.weight") == Shape{1280, 320, 1, 1});
-  CHECK(shapes.at("features.18.1.num_batches_tracked") == Shape{});
+  CHECK(shapes.at("features.18.conv.weight") == Shape{1280, 320, 1, 1});
+  CHECK(shapes.at("features.18.bn.num_batches_tracked") == Shape{});
   CHECK(shapes.at("classifier.1.weight") == Shape{1000, 1280});
-  // The fixture (written from the PyTorch model) has exactly our names.
+  // torchvision's names: a conv-BN-ReLU6 unit's parts are "0" and "1" there.
+  CHECK(MobileNetV2::torchvision_name("features.0.conv.weight") == "features.0.0.weight");
+  CHECK(MobileNetV2::torchvision_name("features.2.conv.1.conv.weight") == "features.2.conv.1.0.weight");
+  CHECK(MobileNetV2::torchvision_name("features.2.conv.1.bn.running_var") == "features.2.conv.1.1.running_var");
+  CHECK(MobileNetV2::torchvision_name("features.2.conv.2.weight") == "features.2.conv.2.weight");
+  CHECK(MobileNetV2::torchvision_name("features.18.bn.bias") == "features.18.1.bias");
+  CHECK(MobileNetV2::torchvision_name("classifier.1.weight") == "classifier.1.weight");
+  // The fixture (written from the PyTorch model) has exactly torchvision's names, one per entry.
   MobileNetV2 tiny(tiny_config(true), {.device = kMeta});
   Fixture f = load_fixture(DType::f32);
   CHECK(f.weights.size() == tiny.state_dict().size());
+  std::set<std::string> tv;
+  for (auto& [n, t] : tiny.state_dict()) tv.insert(MobileNetV2::torchvision_name(n));
+  for (auto& [n, t] : f.weights) CHECK(tv.count(n) == 1);
+  LoadResult r = tiny.load_torchvision_state_dict(NamedTensors(f.weights.begin(), f.weights.end()));
+  CHECK(r.missing_keys.empty());
+  CHECK(r.unexpected_keys.empty());
   // A residual only where shapes agree (stride 1, in == out).
   CHECK_FALSE(std::dynamic_pointer_cast<InvertedResidual>((*m224.features)[2])->use_residual);
   CHECK(std::dynamic_pointer_cast<InvertedResidual>((*m224.features)[3])->use_residual);
@@ -107,9 +122,9 @@ TEST_CASE("mobilenet: torchvision initialisation", "[mobilenet]") {
   std::map<std::string, Tensor> byname(sd.begin(), sd.end());
   CHECK(a.state_dict()[0].second.to_double_vector() == b.state_dict()[0].second.to_double_vector());
   // kaiming normal, fan_out = Cout * K * K: the last 1x1 conv (1280, 80) has std sqrt(2 / 1280).
-  CHECK(stddev(byname.at("features.18.0.weight")) == Approx(std::sqrt(2.0 / 1280)).epsilon(0.05));
+  CHECK(stddev(byname.at("features.18.conv.weight")) == Approx(std::sqrt(2.0 / 1280)).epsilon(0.05));
   // The depthwise conv of block 2 (48, 1, 3, 3): fan_out = 48 * 9 (groups do not enter).
-  CHECK(stddev(byname.at("features.2.conv.1.0.weight")) == Approx(std::sqrt(2.0 / (48 * 9))).epsilon(0.15));
+  CHECK(stddev(byname.at("features.2.conv.1.conv.weight")) == Approx(std::sqrt(2.0 / (48 * 9))).epsilon(0.15));
   CHECK(stddev(byname.at("classifier.1.weight")) == Approx(0.01).epsilon(0.05));
   for (double v : byname.at("classifier.1.bias").to_double_vector()) REQUIRE(v == 0.0);
   for (double v : byname.at("features.5.conv.3.weight").to_double_vector()) REQUIRE(v == 1.0);
@@ -133,7 +148,7 @@ TEST_CASE("mobilenet: eval and train forward, loss, gradients and buffers match 
     INFO(name);
     const std::string pre = name + ".";
     MobileNetV2 model(tiny_config(small), {.dtype = DType::f64});
-    model.load_state_dict(f.weights);
+    model.load_torchvision_state_dict(NamedTensors(f.weights.begin(), f.weights.end()));
     Tensor x = f.data.at(pre + "x"), targets = f.data.at(pre + "targets");
     model.eval();
     test::check_close(model.forward(x), f.data.at(pre + "eval_logits"), 1e-9, 1e-12);
@@ -144,8 +159,8 @@ TEST_CASE("mobilenet: eval and train forward, loss, gradients and buffers match 
     test::check_close(loss, f.data.at(pre + "loss"), 1e-9, 1e-12);
     backward(loss);
     std::map<std::string, Tensor> params, state;
-    for (auto& [n, p] : model.named_parameters()) params[n] = p;
-    for (auto& [n, t] : model.state_dict()) state[n] = t;
+    for (auto& [n, p] : model.named_parameters()) params[MobileNetV2::torchvision_name(n)] = p;
+    for (auto& [n, t] : model.state_dict()) state[MobileNetV2::torchvision_name(n)] = t;
     int checked = 0;
     for (const auto& [key, expected] : f.data) {
       if (key.rfind(pre + "grad.", 0) == 0) {
@@ -165,7 +180,7 @@ TEST_CASE("mobilenet: eval and train forward, loss, gradients and buffers match 
 TEST_CASE("mobilenet: bf16 forward tracks f32", "[mobilenet]") {
   Fixture f = load_fixture(DType::f32);
   MobileNetV2 model(tiny_config(true));
-  model.load_state_dict(f.weights);
+  model.load_torchvision_state_dict(NamedTensors(f.weights.begin(), f.weights.end()));
   model.eval();
   Tensor x = cast(f.data.at("small.x"), DType::f32);
   Tensor ref = model.forward(x);
