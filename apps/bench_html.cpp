@@ -61,26 +61,20 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
   }
   // Axes: MiB under the memory bars, ms under the time bars, ticks at quarters of the largest.
   const double axis_y = kTop + kRowH * double(r.rows.size()) + 6;
-  svg << "<line x1=\"" << kLabelW << "\" y1=\"" << axis_y << "\" x2=\"" << kLabelW + kMemW << "\" y2=\"" << axis_y
-      << "\" stroke=\"#333\"/>\n";
-  for (int q = 0; q <= 4; ++q) {
-    const double mx = kLabelW + kMemW * q / 4.0;
-    svg << "<line x1=\"" << mx << "\" y1=\"" << axis_y << "\" x2=\"" << mx << "\" y2=\"" << axis_y + 5
-        << "\" stroke=\"#333\"/><text x=\"" << mx - 10 << "\" y=\"" << axis_y + 18 << "\">"
-        << fmt("%.0f", max_mem / 1048576.0 * q / 4.0) << "</text>\n";
-  }
-  svg << "<text class=\"axis-label\" x=\"" << kLabelW + kMemW / 2 - 50 << "\" y=\"" << axis_y + 32
-      << "\">peak allocated (MiB)</text>\n";
-  svg << "<text class=\"axis-label\" x=\"" << time_x + kTimeW / 2 - 60 << "\" y=\"" << axis_y + 32
-      << "\">median step time (ms)</text>\n";
-  svg << "<line x1=\"" << time_x << "\" y1=\"" << axis_y << "\" x2=\"" << time_x + kTimeW << "\" y2=\"" << axis_y
-      << "\" stroke=\"#333\"/>\n";
-  for (int q = 0; q <= 4; ++q) {
-    const double tx = time_x + kTimeW * q / 4.0;
-    svg << "<line x1=\"" << tx << "\" y1=\"" << axis_y << "\" x2=\"" << tx << "\" y2=\"" << axis_y + 5
-        << "\" stroke=\"#333\"/><text x=\"" << tx - 10 << "\" y=\"" << axis_y + 18 << "\">"
-        << fmt("%.0f", max_ms * q / 4.0) << "</text>\n";
-  }
+  auto axis = [&](double x0, double w, double max_value, const char* label) {
+    svg << "<line x1=\"" << x0 << "\" y1=\"" << axis_y << "\" x2=\"" << x0 + w << "\" y2=\"" << axis_y
+        << "\" stroke=\"#333\"/>\n";
+    for (int q = 0; q <= 4; ++q) {
+      const double tx = x0 + w * q / 4.0;
+      svg << "<line x1=\"" << tx << "\" y1=\"" << axis_y << "\" x2=\"" << tx << "\" y2=\"" << axis_y + 5
+          << "\" stroke=\"#333\"/><text x=\"" << tx - 10 << "\" y=\"" << axis_y + 18 << "\">"
+          << fmt("%.0f", max_value * q / 4.0) << "</text>\n";
+    }
+    svg << "<text class=\"axis-label\" x=\"" << x0 + w / 2 - 60 << "\" y=\"" << axis_y + 32 << "\">" << label
+        << "</text>\n";
+  };
+  axis(kLabelW, kMemW, max_mem / 1048576.0, "peak allocated (MiB)");
+  axis(time_x, kTimeW, max_ms, "median step time (ms)");
   double lx = kLabelW;
   for (MemoryCategory c : kAllMemoryCategories) {
     svg << "<rect x=\"" << lx << "\" y=\"" << axis_y + 44 << "\" width=\"10\" height=\"10\" fill=\"" << category_color(c)

@@ -70,6 +70,12 @@ StepProfiler::StepProfiler(const TechniqueOptions& t, const Device& device, int6
 
 StepProfiler::~StepProfiler() = default;
 
+bool StepProfiler::profiles(int64_t step) const { return impl_->profiler && step == impl_->step; }
+
+void StepProfiler::name_tensors(const NamedTensors& named) {
+  if (impl_->profiler) impl_->profiler->name_tensors(named);
+}
+
 void StepProfiler::before_step(int64_t step) {
   if (impl_->profiler && step == impl_->step) impl_->profiler->start();
 }

@@ -12,6 +12,7 @@
 #include "apps/technique_options.h"
 #include "core/allocator.h"
 #include "core/device.h"
+#include "core/named_tensors.h"
 
 namespace mg {
 
@@ -21,6 +22,10 @@ class StepProfiler {
  public:
   StepProfiler(const TechniqueOptions& t, const Device& device, int64_t first_step, int64_t last_step);
   ~StepProfiler();
+  // Whether `step` is the one recorded.
+  bool profiles(int64_t step) const;
+  // Names the tensors that exist before the recorded step (parameters, buffers, optimizer state).
+  void name_tensors(const NamedTensors& named);
   void before_step(int64_t step);
   // After the step: when it was the profiled one, writes memory.json / memory.html and returns a
   // line for the log ("" otherwise).

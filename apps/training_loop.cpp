@@ -134,6 +134,12 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   while (step < setup.total_steps) {
     if (o.stop_after >= 0 && step >= o.stop_after) break;
     const double lr = sched(step);
+    if (step_profiler.profiles(step)) {  // memory.html names these by their paths
+      NamedTensors named = setup.model.named_parameters();
+      for (auto& b : setup.model.named_buffers()) named.push_back(std::move(b));
+      for (auto& s : opt->state_dict()) named.push_back(std::move(s));
+      step_profiler.name_tensors(named);
+    }
     step_profiler.before_step(step);
     times.start();
     meter.begin_step();

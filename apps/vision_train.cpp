@@ -19,6 +19,7 @@
 #include "data/fashion_mnist.h"
 #include "data/image_folder.h"
 #include "data/transforms.h"
+#include "models/nn/batch_norm_stats.h"
 #include "ops/ops.h"
 #include "optim/optim.h"
 #include "optim/trainer.h"
@@ -71,6 +72,23 @@ Transform pipeline(int64_t size, bool augment, const std::vector<float>& mean, c
 Tensor model_input(const MobileNetV2& model, const Tensor& x) {
   const DType d = model.features->parameters()[0].dtype();
   return x.dtype() == d ? x : cast(x, d);
+}
+
+// Before every evaluation, BatchNorm's running statistics are recomputed as the plain average over
+// this many training batches under the current weights (models/nn/batch_norm_stats.h: the decayed
+// average of an early run gives below-chance test accuracy). Dropout's stream is put back after,
+// so training draws the same masks as without the evaluation.
+constexpr int64_t kBatchNormBatches = 20;
+
+int64_t recompute_statistics(MobileNetV2& model, const std::shared_ptr<const Dataset>& train, int64_t batch,
+                             Device device, Precision precision) {
+  DataLoader loader(train, {.batch_size = batch, .prefetch = 0, .device = device});
+  const int64_t n = std::min<int64_t>(kBatchNormBatches, loader.batches_per_epoch());
+  const GeneratorState dropout = GeneratorState::of(dropout_generator());
+  AutocastGuard autocast(autocast_for(precision));
+  recompute_batch_norm_stats(model, n, [&](int64_t) { model.forward(model_input(model, loader.next()->input)); });
+  dropout.restore(dropout_generator());
+  return n;
 }
 
 double accuracy(MobileNetV2& model, const std::shared_ptr<const Dataset>& test, int64_t batch, Device device,
@@ -251,11 +269,13 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   };
   task.evaluate = [&](int64_t step) -> std::optional<Evaluation> {
     if (step % per_epoch != 0) return std::nullopt;  // test accuracy after every epoch
+    const int64_t bn_batches = recompute_statistics(model, data.train, o.batch, device, precision);
     r.test_accuracy = accuracy(model, data.test, o.batch, device, nullptr, precision);
-    char line[96];
-    std::snprintf(line, sizeof(line), "epoch %lld/%lld: test accuracy %.2f%% (%lld images)",
+    char line[160];
+    std::snprintf(line, sizeof(line),
+                  "epoch %lld/%lld: test accuracy %.2f%% (%lld images; BatchNorm statistics of %lld training batches)",
                   (long long)(step / per_epoch), (long long)o.epochs, 100.0 * r.test_accuracy,
-                  (long long)r.test_examples);
+                  (long long)r.test_examples, (long long)bn_batches);
     return Evaluation{r.test_accuracy, line};
   };
   task.checkpoint_due = [&](int64_t step) {
@@ -285,7 +305,9 @@ VisionEvalResult vision_eval(const VisionEvalOptions& o) {
   const std::string source = o.data.empty() ? dj.at("source").get<std::string>() : o.data;
   const int64_t limit = o.limit_test >= 0 ? o.limit_test : dj.value("limit_test", int64_t(0));
   const int64_t batch = o.batch > 0 ? o.batch : config.value("batch", int64_t(64));
-  VisionData data = load_vision_data(source, cfg.input_size, false, 0, 0, limit);
+  // The run's own training images (as its training saw them) recompute the BatchNorm statistics.
+  VisionData data = load_vision_data(source, cfg.input_size, dj.value("augment", false), config.value("seed", uint64_t(1)),
+                                     dj.value("limit_train", int64_t(0)), limit);
   MG_CHECK(data.num_classes == cfg.num_classes, "vision eval: --data '", source, "' has ", data.num_classes,
            " classes, the run's model ", cfg.num_classes);
   const Device device = open_device(o.device, "");
@@ -295,6 +317,7 @@ VisionEvalResult vision_eval(const VisionEvalOptions& o) {
   apply_precision(model, precision);
   run.load_weights(model);
   VisionEvalResult r;
+  recompute_statistics(model, data.train, batch, device, precision);
   r.accuracy = accuracy(model, data.test, batch, device, &r.images_per_s, precision);
   r.examples = data.test->size();
   return r;

@@ -80,6 +80,7 @@ struct MemoryEvent {
   MemoryCategory category;
   const char* op;
   int64_t allocated_after;  // device's allocated bytes after the event
+  size_t requested = 0;     // the bytes the tensor asked for (alloc events)
 };
 
 class AllocatorObserver {
@@ -89,10 +90,11 @@ class AllocatorObserver {
 };
 
 struct LiveBlockInfo {
-  size_t bytes;
+  size_t bytes;      // the block's rounded size
   MemoryCategory category;
   const char* op;
   uint64_t id;
+  size_t requested;  // the bytes the tensor asked for
 };
 
 class CachingAllocator {

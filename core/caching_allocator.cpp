@@ -218,7 +218,7 @@ struct CachingAllocator::Impl {
     std::vector<LiveBlockInfo> v;
     for (Segment* s : segments)
       for (MemoryBlock* b = s->first; b; b = b->next)
-        if (b->allocated) v.push_back({b->size, b->category, b->op, b->id});
+        if (b->allocated) v.push_back({b->size, b->category, b->op, b->id, b->requested});
     std::sort(v.begin(), v.end(), [](auto& a, auto& b) { return a.bytes > b.bytes; });
     if (v.size() > n) v.resize(n);
     return v;
@@ -292,7 +292,7 @@ MemoryBlock* CachingAllocator::allocate(size_t bytes) {
   }
   if (g_has_observers.load(std::memory_order_relaxed))
     notify({MemoryEvent::Kind::alloc, device_, b->id, b->size, b->category, b->op,
-            m.stats.allocated.current});
+            m.stats.allocated.current, b->requested});
   return b;
 }
 

@@ -121,17 +121,18 @@ void device_section(std::ostringstream& h, const MemoryProfiler& p, const Device
   // Tensors alive at the peak.
   const size_t shown = std::min<size_t>(d.live_at_peak.size(), 500);
   h << "<h3>Tensors alive at the peak (" << d.live_at_peak.size() << ")</h3>\n<table class=\"live\"><tr><th>size</th>"
-       "<th>bytes</th><th>category</th><th>op</th><th>module</th><th>allocated in</th></tr>\n";
+       "<th>block</th><th>bytes</th><th>category</th><th>op</th><th>module or tensor</th><th>allocated in</th></tr>\n";
   for (size_t i = 0; i < shown; ++i) {
     const LiveTensor& t = d.live_at_peak[i];
-    h << "<tr><td>" << html_escape(format_bytes(t.bytes)) << "</td><td>" << t.bytes << "</td><td>" << category_name(t.category)
+    h << "<tr><td>" << html_escape(format_bytes(t.requested)) << "</td><td>" << html_escape(format_bytes(t.bytes))
+      << "</td><td>" << t.bytes << "</td><td>" << category_name(t.category)
       << "</td><td>" << html_escape(t.op) << "</td><td>" << html_escape(t.module) << "</td><td>" << step_phase_name(t.phase)
       << "</td></tr>\n";
   }
   if (shown < d.live_at_peak.size()) {
     int64_t rest = 0;
     for (size_t i = shown; i < d.live_at_peak.size(); ++i) rest += d.live_at_peak[i].bytes;
-    h << "<tr><td colspan=\"6\">and " << d.live_at_peak.size() - shown << " smaller ones, " << html_escape(format_bytes(rest))
+    h << "<tr><td colspan=\"7\">and " << d.live_at_peak.size() - shown << " smaller ones, " << html_escape(format_bytes(rest))
       << "</td></tr>\n";
   }
   h << "</table>\n</section>\n";

@@ -58,6 +58,12 @@ int MemoryProfiler::device_slot(Device d) const {
   return -1;
 }
 
+void MemoryProfiler::name_tensors(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (const auto& [name, t] : named)
+    if (t.defined() && t.storage()) tensor_names_.emplace(t.storage()->block_id(), name);
+}
+
 void MemoryProfiler::start() {
   MG_CHECK(!active_, "MemoryProfiler::start called twice without stop");
   {
@@ -105,7 +111,8 @@ void MemoryProfiler::on_event(const MemoryEvent& e) {
     m = it->second;
   }
   events_.push_back({e.kind, e.device, e.block_id, int64_t(e.bytes), e.category, e.op ? e.op : "", m,
-                     current_step_phase(), double(now_ns() - t0_ns_) / 1000.0, e.allocated_after});
+                     current_step_phase(), double(now_ns() - t0_ns_) / 1000.0, e.allocated_after,
+                     int64_t(e.requested)});
 }
 
 std::vector<MemoryProfiler::Point> MemoryProfiler::timeline(Device d) const {
@@ -159,12 +166,13 @@ MemoryProfileSummary MemoryProfiler::summary() const {
     std::unordered_map<uint64_t, LiveTensor> live;
     if (!start_blocks_.empty())
       for (const LiveBlockInfo& b : start_blocks_[slot])
-        live[b.id] = {b.id, int64_t(b.bytes), b.category, b.op ? b.op : "", kBeforeProfiling, StepPhase::none};
+        live[b.id] = {b.id, int64_t(b.bytes), int64_t(b.requested), b.category, b.op ? b.op : "",
+                      tensor_names_.count(b.id) ? tensor_names_.at(b.id) : kBeforeProfiling, StepPhase::none};
     for (int64_t i = 0; i <= p.peak_event; ++i) {
       const ProfileEvent& e = events_[size_t(i)];
       if (!(e.device == d)) continue;
       if (e.kind == MemoryEvent::Kind::alloc)
-        live[e.block_id] = {e.block_id, e.bytes, e.category, e.op, modules_[e.module], e.phase};
+        live[e.block_id] = {e.block_id, e.bytes, e.requested, e.category, e.op, modules_[e.module], e.phase};
       else
         live.erase(e.block_id);
     }
@@ -187,7 +195,8 @@ nlohmann::json summary_json(const MemoryProfileSummary& s) {
       cat_peak[std::string(category_name(c))] = p.category_peak[size_t(c)];
     }
     for (const LiveTensor& t : p.live_at_peak)
-      live.push_back({{"id", t.block_id}, {"bytes", t.bytes}, {"category", category_name(t.category)},
+      live.push_back({{"id", t.block_id}, {"bytes", t.bytes}, {"requested", t.requested},
+                      {"category", category_name(t.category)},
                       {"op", t.op}, {"module", t.module}, {"phase", step_phase_name(t.phase)}});
     devs.push_back({{"device", p.device.str()}, {"start_bytes", p.start_bytes}, {"peak_bytes", p.peak_bytes},
                     {"peak_time_us", p.peak_t_us}, {"peak_phase", step_phase_name(p.peak_phase)},

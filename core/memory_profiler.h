@@ -13,6 +13,7 @@
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/memory_category.h"
+#include "core/tensor.h"
 
 namespace mg {
 
@@ -27,14 +28,18 @@ struct ProfileEvent {
   StepPhase phase;
   double t_us;              // microseconds since start()
   int64_t allocated_after;  // device's allocated bytes after the event (allocator's count)
+  int64_t requested = 0;    // the tensor's own bytes (alloc events)
 };
 
 struct LiveTensor {
   uint64_t block_id = 0;
-  int64_t bytes = 0;
+  int64_t bytes = 0;      // the allocator's block (rounded)
+  int64_t requested = 0;  // the tensor's own bytes
   MemoryCategory category = MemoryCategory::other;
   std::string op;
-  std::string module;  // "" at top level; "(before profiling)" for blocks that predate start()
+  // "" at top level; for blocks that predate start() the name given with name_tensors (e.g.
+  // "h.0.attn.c_attn.weight", "h.0.attn.c_attn.weight.exp_avg"), else "(before profiling)".
+  std::string module;
   StepPhase phase = StepPhase::none;
 };
 
@@ -63,6 +68,9 @@ class MemoryProfiler : public AllocatorObserver {
   MemoryProfiler(const MemoryProfiler&) = delete;
   MemoryProfiler& operator=(const MemoryProfiler&) = delete;
 
+  // Names the blocks of tensors that exist before start() (parameters, optimizer state), so the
+  // report shows "h.0.mlp.c_fc.weight" instead of "(before profiling)". The first name wins.
+  void name_tensors(const std::vector<std::pair<std::string, Tensor>>& named);
   // start() clears earlier events, snapshots the live blocks and begins recording.
   void start();
   void stop();
@@ -105,6 +113,7 @@ class MemoryProfiler : public AllocatorObserver {
   std::vector<ProfileEvent> events_;
   std::vector<std::string> modules_;
   std::unordered_map<std::string, uint32_t> module_index_;
+  std::unordered_map<uint64_t, std::string> tensor_names_;  // block id -> name (name_tensors)
   std::vector<std::vector<LiveBlockInfo>> start_blocks_;  // per watched device
   std::vector<int64_t> start_allocated_;
   double stop_t_us_ = 0;

@@ -23,6 +23,8 @@ class Storage {
   void* data() const;
   // The address even on meta (never dereference it there): identity of the memory.
   void* address() const { return block_ ? block_->ptr : nullptr; }
+  // The allocator's id of the block (0 without one): what the memory profiler names tensors by.
+  uint64_t block_id() const { return block_ ? block_->id : 0; }
   size_t nbytes() const { return nbytes_; }
   Device device() const { return device_; }
   MemoryCategory category() const { return block_ ? block_->category : MemoryCategory::other; }

@@ -58,6 +58,20 @@ TEST_CASE("memgrad bench: a tiny GPT under several combinations", "[apps]") {
   ss << html.rdbuf();
   CHECK(ss.str().find("<svg id=\"bench-chart\"") != std::string::npos);
   CHECK(ss.str().find("data-category=\"activation\"") != std::string::npos);
+  // Each bar is the row's real peak (its segments sum to it), on a labelled axis.
+  CHECK(ss.str().find("class=\"peak\" data-bytes=\"" + std::to_string(row("none").memory.peak) + "\"") !=
+        std::string::npos);
+  int64_t at_peak = 0;
+  for (int64_t b : row("none").memory.at_peak) at_peak += b;
+  CHECK(at_peak == row("none").memory.peak);
+  CHECK(ss.str().find("peak allocated (MiB)") != std::string::npos);
+  // A benchmark writes no training checkpoints; its table says what its times are medians of.
+  for (const auto& e : std::filesystem::recursive_directory_iterator(o.out))
+    CHECK(e.path().filename() != "checkpoint");
+  CHECK(r.table().find("median of 2 steps") != std::string::npos);
+  CHECK(r.table().find("warning: the times are medians of fewer than 5 steps") != std::string::npos);
+  CHECK(row("offload").offloaded_bytes > 0);
+  CHECK(row("none").offloaded_bytes == 0);
   CHECK(ss.str().find("ckpt+bf16+accum4") != std::string::npos);
   CHECK_THROWS_WITH(run_bench(o), Catch::Contains("already holds a bench.csv"));
 }

@@ -10,6 +10,7 @@
 #include "apps/gpt_train.h"
 #include "apps/run_setup.h"
 #include "apps/training_loop.h"
+#include "test_helpers.h"
 
 using namespace mg;
 using namespace mg::test;
@@ -226,6 +227,11 @@ TEST_CASE("gpt train with techniques: recorded in config.json, resumed exactly, 
   CHECK(metrics_column(tmp.file("split"), "loss") == metrics_column(tmp.file("full"), "loss"));
   CHECK(fs::exists(tmp.file("split") + "/memory.json"));
   CHECK(fs::exists(tmp.file("split") + "/memory.html"));
+  // Parameters and optimizer state are named by their paths, with the tensor's own size.
+  const std::string profile = test::read_bytes(tmp.file("split") + "/memory.json");
+  CHECK(profile.find("wte.weight\"") != std::string::npos);
+  CHECK(profile.find("wte.weight.exp_avg\"") != std::string::npos);
+  CHECK(profile.find("\"requested\"") != std::string::npos);
 
   GptTrainOptions bad = tiny_options(data, tmp.file("bad"));
   bad.techniques.micro_batch = 5;
@@ -243,4 +249,51 @@ TEST_CASE("gpt train with techniques: recorded in config.json, resumed exactly, 
   CHECK_THROWS_WITH(run_cli({"gpt", "train", "--data", data, "--out", tmp.file("bad"), "--offload-activations", "tpu:0"}),
                     Catch::Contains("--offload-activations"));
   CHECK_FALSE(fs::exists(tmp.file("bad")));  // a bad flag leaves nothing behind
+}
+
+TEST_CASE("gpt train --init-from a Hugging Face GPT-2 file, gpt eval and top-p sampling", "[apps]") {
+  DataTempDir tmp("gpt_init_from");
+  // The fixture's vocabulary has 100 tokens: a corpus of tokens below 64.
+  std::string text = tiny_corpus(4000);
+  std::vector<uint32_t> tokens(text.begin(), text.end());
+  for (auto& t : tokens) t %= 64;
+  write_token_file(tmp.file("small.tokens"), tokens, 1);
+  const std::string hf = std::string(MG_FIXTURE_DIR) + "/gpt2_hf_tiny.safetensors";
+  GptTrainOptions o = tiny_options(tmp.file("small.tokens"), tmp.file("run"));
+  o.model = GPTConfig{.vocab_size = 100, .context = 32, .n_layer = 2, .n_head = 2, .d_model = 32};
+  o.init_from = hf;
+  o.steps = 1;
+  o.warmup = 0;
+  o.lr = 1e-12;  // a step that leaves the weights (almost) as loaded
+  GptTrainResult r = gpt_train(o);
+  GPT direct(*o.model, {});
+  direct.load_hf_gpt2(hf);
+  GPT trained(*o.model, {});
+  RunDir(r.run_dir).load_weights(trained);
+  CHECK(test::all_close(trained.wte->weight.to_double_vector(), direct.wte->weight.to_double_vector(), 0, 1e-9));
+  CHECK(RunDir(r.run_dir).read_config().at("init_from") == fs::absolute(hf).lexically_normal().string());
+
+  // gpt eval reads the run back: the same windows and batch give the loss training printed last.
+  GptEvalResult e = gpt_eval({.run = r.run_dir});
+  CHECK(e.loss == Approx(r.last_val_loss).epsilon(1e-12));
+  CHECK(e.perplexity == Approx(std::exp(e.loss)));
+  CHECK(e.windows == std::min<int64_t>(8, (400 - 1) / 32));
+  CHECK_THROWS_WITH(gpt_eval({.run = tmp.file("nowhere")}), Catch::Contains("does not exist"));
+
+  o.init_from = tmp.file("missing.safetensors");
+  o.out = tmp.file("run2");
+  CHECK_THROWS_WITH(gpt_train(o), Catch::Contains("--init-from") && Catch::Contains("is not a file"));
+}
+
+TEST_CASE("gpt sample: top-p keeps the nucleus; a tiny p is greedy", "[apps]") {
+  DataTempDir tmp("gpt_top_p");
+  GptTrainOptions o = tiny_options(write_tiny_token_file(tmp), tmp.file("run"));
+  o.steps = 2;
+  o.warmup = 0;
+  GptTrainResult r = gpt_train(o);
+  GptSampleOptions greedy{.run = r.run_dir, .prompt = "the ", .tokens = 10, .temperature = 0.0};
+  GptSampleOptions nucleus{.run = r.run_dir, .prompt = "the ", .tokens = 10, .temperature = 1.0, .top_p = 1e-9};
+  CHECK(gpt_sample(nucleus).text == gpt_sample(greedy).text);
+  nucleus.top_p = 1.5;
+  CHECK_THROWS_WITH(gpt_sample(nucleus), Catch::Contains("--top-p must be in (0, 1]"));
 }
