@@ -9,7 +9,8 @@
 #include <filesystem>
 
 #include "apps/gpt_train.h"
-#include "apps/train_common.h"
+#include "apps/run_setup.h"
+#include "apps/training_loop.h"
 #include "apps/vision_train.h"
 #include "core/allocator.h"
 #include "core/error.h"
@@ -21,7 +22,7 @@
 #include "models/compress/structured_prune.h"
 #include "ops/ops.h"
 #include "optim/optim.h"
-#include "optim/trainer.h"
+#include "optim/precision.h"
 
 namespace mg {
 
@@ -36,10 +37,11 @@ const Device kHost("cpu:0");
 
 int64_t parameter_bytes() { return memory_stats(kHost).category(MemoryCategory::parameter).current; }
 
-AdamW make_optimizer(Module& model, const nlohmann::json& config) {
-  const auto& opt = config.at("optimizer");
-  return AdamW(weight_decay_groups(model.named_parameters(), opt.at("lr").get<double>(),
-                                   opt.at("weight_decay").get<double>()));
+// The run's optimizer (type, lr, weight decay from its config.json) over `model`.
+std::unique_ptr<Optimizer> run_optimizer(Module& model, const nlohmann::json& config) {
+  TrainOptions t;
+  t.read_config(config, kCmd);
+  return make_optimizer(t, model);
 }
 
 // The loss of the first `batches` training batches, one per call (taylor's data).
@@ -92,13 +94,13 @@ nlohmann::json prune_into(const RunDir& src, const RunDir& dst, nlohmann::json c
                           PruneResult& r) {
   using Config = std::decay_t<decltype(std::declval<M>().config())>;
   const Config cfg = Config::from_json(config.at("model"));
-  const Precision precision = parse_precision(TechniqueOptions{}.from_config(config).precision);
+  const Precision precision = TechniqueOptions{}.from_config(config).precision;
   const int64_t bytes0 = parameter_bytes();
   Generator scratch(0);  // every value comes from the checkpoint
   M model(cfg, {.gen = &scratch, .device = kHost});
   apply_precision(model, precision);
-  AdamW opt = make_optimizer(model, config);
-  TrainingState state = src.load_checkpoint(model, &opt);
+  std::unique_ptr<Optimizer> opt = run_optimizer(model, config);
+  TrainingState state = src.load_checkpoint(model, opt.get());
   r.parameters_before = model.num_parameters();
   r.parameter_bytes_before = parameter_bytes() - bytes0;
   state.peak_bytes = 0;  // the pruned run measures its own peak
@@ -124,17 +126,17 @@ nlohmann::json prune_into(const RunDir& src, const RunDir& dst, nlohmann::json c
     std::unique_ptr<M> pruned = prune_model(model, plan);
     r.parameters_after = pruned->num_parameters();
     r.parameter_bytes_after = parameter_bytes() - bytes1;
-    AdamW popt = make_optimizer(*pruned, config);
+    std::unique_ptr<Optimizer> popt = run_optimizer(*pruned, config);
     {
       MemoryCategoryGuard guard(MemoryCategory::optimizer_state);
-      popt.load_state_dict(apply_plan_to_optimizer_state(plan, opt.state_dict()), opt.state_metadata());
+      popt->load_state_dict(apply_plan_to_optimizer_state(plan, opt->state_dict()), opt->state_metadata());
     }
     record["criterion"] = o.criterion;
     record["target"] = o.target.empty() ? (std::is_same_v<M, GPT> ? "mlp" : "expansion") : o.target;
     config["model"] = pruned->config().to_json();
     config["pruning"] = record;
     dst.write_config(config);
-    dst.save_checkpoint(*pruned, popt, state);
+    dst.save_checkpoint(*pruned, *popt, state);
   } else {
     MG_CHECK(o.criterion == "l1", kCmd, ": unstructured pruning ranks single weights by magnitude (l1); --criterion ",
              o.criterion, " applies to --method structured");
@@ -158,18 +160,14 @@ nlohmann::json prune_into(const RunDir& src, const RunDir& dst, nlohmann::json c
     record["sparsity"] = r.sparsity;
     config["pruning"] = record;
     dst.write_config(config);
-    dst.save_checkpoint(model, opt, state);
+    dst.save_checkpoint(model, *opt, state);
   }
   return config;
 }
 
-// The last validation loss in a gpt run's metrics.csv (NaN when none).
-double last_val_loss(const RunDir& run) {
-  if (!fs::exists(run.metrics_path())) return std::nan("");
-  double v = std::nan("");
-  for (const auto& row : read_metrics(run.metrics_path()))
-    if (auto it = row.find("val_loss"); it != row.end() && !it->second.empty()) v = std::stod(it->second);
-  return v;
+// A run's quality: validation loss (gpt, the run's validation windows) or test accuracy (vision).
+double quality(const RunDir& run, bool gpt) {
+  return gpt ? gpt_eval({.run = run.path()}).loss : vision_eval({.run = run.path()}).accuracy;
 }
 
 BenchRow bench_one(const PruneOptions& o, const nlohmann::json& config, const std::string& dir, bool gpt) {
@@ -221,18 +219,16 @@ PruneResult prune_run(const PruneOptions& o) {
   if (fs::exists(src.metrics_path())) fs::copy_file(src.metrics_path(), dst.metrics_path(), fs::copy_options::overwrite_existing);
 
   // Quality: before, right after pruning, after fine-tuning.
-  if (gpt) {
-    r.quality_before = last_val_loss(src);
-  } else {
-    r.quality_before = vision_eval({.run = src.path()}).accuracy;
-    r.quality_pruned = vision_eval({.run = dst.path()}).accuracy;
-  }
+  r.quality_before = quality(src, gpt);
+  r.quality_pruned = quality(dst, gpt);
   const int64_t at = dst.read_checkpoint_state().step;
   if (o.finetune_steps > 0) {
     if (gpt) {
-      GptTrainResult t = gpt_train({.resume = dst.path(), .resume_steps = at + o.finetune_steps, .progress = o.progress});
-      r.quality_finetuned = t.last_val_loss;
-      r.finetune_steps = t.steps_done - at;
+      GptTrainOptions t;
+      t.resume = dst.path();
+      t.resume_steps = at + o.finetune_steps;
+      t.progress = o.progress;
+      r.finetune_steps = gpt_train(t).steps_done - at;
     } else {
       // vision_train counts in epochs: stretch the run to cover the steps, checkpoint exactly at
       // the last one and stop there; the run's own checkpoint interval is restored afterwards.
@@ -240,7 +236,9 @@ PruneResult prune_run(const PruneOptions& o) {
       const nlohmann::json every = config.at("checkpoint_every");
       config["checkpoint_every"] = end;
       dst.write_config(config);
-      VisionTrainOptions t{.resume = dst.path(), .progress = o.progress};
+      VisionTrainOptions t;
+      t.resume = dst.path();
+      t.progress = o.progress;
       t.resume_epochs = std::max(config.at("epochs").get<int64_t>(), (end + per_epoch - 1) / per_epoch);
       t.stop_after = end;
       VisionTrainResult v = vision_train(t);
@@ -248,8 +246,8 @@ PruneResult prune_run(const PruneOptions& o) {
       config["checkpoint_every"] = every;
       dst.write_config(config);
       r.finetune_steps = v.steps_done - at;
-      r.quality_finetuned = vision_eval({.run = dst.path()}).accuracy;
     }
+    r.quality_finetuned = quality(dst, gpt);
   }
   if (o.bench_steps > 0) {
     r.bench_before = bench_one(o, src.read_config(), dst.file("bench-unpruned"), gpt);

@@ -19,7 +19,7 @@ namespace mg {
 // axis (c_attn's rows are q, k, v: 3 blocks), and each unit spans `unit` entries (a head: HS).
 // So unit u of block b covers entries [b*size*unit + u*unit, ... + unit) along dim.
 struct GroupMember {
-  std::string tensor;  // state-dict name, e.g. "features.2.conv.0.0.weight"
+  std::string tensor;  // state-dict name, e.g. "features.2.conv.0.conv.weight"
   int64_t dim = 0;
   int64_t blocks = 1;
   int64_t unit = 1;

@@ -65,9 +65,9 @@ std::vector<PruneGroup> mobilenet_v2_groups(const MobileNetV2Config& cfg) {
     if (ratios[b] == 1) continue;
     const std::string p = "features." + std::to_string(b + 1) + ".conv.";
     PruneGroup g{.name = "features." + std::to_string(b + 1), .kind = "expansion", .size = hidden[b]};
-    g.members.push_back({.tensor = p + "0.0.weight"});  // expand 1x1 (hidden, in, 1, 1): rows
-    g.members.push_back({.tensor = p + "1.0.weight"});  // depthwise (hidden, 1, 3, 3): filters
-    for (const char* bn : {"0.1.", "1.1."}) {  // the two BatchNorms over the hidden channels
+    g.members.push_back({.tensor = p + "0.conv.weight"});  // expand 1x1 (hidden, in, 1, 1): rows
+    g.members.push_back({.tensor = p + "1.conv.weight"});  // depthwise (hidden, 1, 3, 3): filters
+    for (const char* bn : {"0.bn.", "1.bn."}) {  // the two BatchNorms over the hidden channels
       g.members.push_back({.tensor = p + bn + "weight"});
       g.members.push_back({.tensor = p + bn + "bias"});
       g.members.push_back({.tensor = p + bn + "running_mean", .scored = false});

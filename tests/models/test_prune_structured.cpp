@@ -192,10 +192,10 @@ TEST_CASE("prune: criteria pick the least important units", "[prune]") {
     NoGradGuard no_grad;
     std::map<std::string, Tensor> s;
     for (auto& [n, t] : mnv2.state_dict()) s[n] = t;
-    fill_(s.at("features.2.conv.0.1.weight"), 1.0);
-    fill_(s.at("features.2.conv.1.1.weight"), 1.0);
-    fill_(narrow(s.at("features.2.conv.0.1.weight"), 0, 3, 1), 0.01);
-    fill_(narrow(s.at("features.2.conv.1.1.weight"), 0, 3, 1), -0.01);
+    fill_(s.at("features.2.conv.0.bn.weight"), 1.0);
+    fill_(s.at("features.2.conv.1.bn.weight"), 1.0);
+    fill_(narrow(s.at("features.2.conv.0.bn.weight"), 0, 3, 1), 0.01);
+    fill_(narrow(s.at("features.2.conv.1.bn.weight"), 0, 3, 1), -0.01);
   }
   const auto mgroups = mobilenet_v2_groups(mnv2.config());
   const double one_unit = 1.0 / double(mgroups[0].size) + 1e-9;  // floor(amount * size) == 1
