@@ -24,6 +24,8 @@ void add_gpt_command(CLI::App& app);
 void add_vision_command(CLI::App& app);
 // `memgrad bench`: one model under combinations of memory techniques; memory and time per row.
 void add_bench_command(CLI::App& app);
+// `memgrad prune`: structured or magnitude pruning of a trained run into a new run directory.
+void add_prune_command(CLI::App& app);
 // `memgrad report RUN_DIR`: peak memory per device and category, largest tensors at the peak, its phase.
 void add_report_command(CLI::App& app);
 // The text `memgrad report` prints (apps/report_command.cpp); throws naming memory.json when it is

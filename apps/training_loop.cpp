@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "apps/interrupt_guard.h"
+#include "apps/prune_run.h"
 #include "apps/run_setup.h"
 #include "core/error.h"
 #include "ops/ops.h"
@@ -100,6 +101,8 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   } else {
     dropout_generator().manual_seed(setup.dropout_seed);
   }
+  // A run pruned by magnitude (memgrad prune) keeps its pruned weights at zero after every step.
+  const auto prune_masks = setup.resuming ? attach_prune_masks(run, setup.model, *opt) : nullptr;
   MetricsWriter metrics(run.metrics_path(),
                         {"step", "loss", task.eval_column, "lr", "time_s", "peak_bytes"},
                         setup.resuming ? state.step : -1);

@@ -58,17 +58,41 @@ void GPTConfig::validate() const {
            n_layer, ", n_head ", n_head, ", d_model ", d_model);
   MG_CHECK(d_model % n_head == 0, "GPTConfig: d_model ", d_model, " is not divisible by n_head ", n_head);
   MG_CHECK(dropout >= 0.0 && dropout < 1.0, "GPTConfig: dropout must be in [0, 1), got ", dropout);
+  auto check_widths = [&](const std::vector<int64_t>& w, const char* name, int64_t full) {
+    if (w.empty()) return;
+    MG_CHECK(int64_t(w.size()) == n_layer, "GPTConfig: ", name, " must list one width per layer (", n_layer,
+             "), got ", w.size());
+    for (size_t l = 0; l < w.size(); ++l)
+      MG_CHECK(w[l] > 0 && w[l] <= full, "GPTConfig: ", name, "[", l, "] must be in [1, ", full, "], got ", w[l]);
+  };
+  check_widths(mlp_hidden, "mlp_hidden", 4 * d_model);
+  check_widths(layer_heads, "layer_heads", n_head);
 }
 
+int64_t GPTConfig::mlp_width(int64_t layer) const { return mlp_hidden.empty() ? 4 * d_model : mlp_hidden.at(size_t(layer)); }
+int64_t GPTConfig::heads(int64_t layer) const { return layer_heads.empty() ? n_head : layer_heads.at(size_t(layer)); }
+
 nlohmann::json GPTConfig::to_json() const {
-  return {{"vocab_size", vocab_size}, {"context", context}, {"n_layer", n_layer},
-          {"n_head", n_head},         {"d_model", d_model}, {"dropout", dropout}};
+  nlohmann::json j = {{"vocab_size", vocab_size}, {"context", context}, {"n_layer", n_layer},
+                      {"n_head", n_head},         {"d_model", d_model}, {"dropout", dropout}};
+  if (!mlp_hidden.empty()) j["mlp_hidden"] = mlp_hidden;  // only pruned models carry these
+  if (!layer_heads.empty()) j["layer_heads"] = layer_heads;
+  return j;
 }
 
 GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
   MG_CHECK(j.is_object(), "GPTConfig.from_json: expected a JSON object, got ", j.dump());
   GPTConfig c;
   for (const auto& [key, value] : j.items()) {
+    if (key == "mlp_hidden" || key == "layer_heads") {
+      MG_CHECK(value.is_array(), "GPTConfig.from_json: '", key, "' must be an array of integers, got ", value.dump());
+      auto& dst = key == "mlp_hidden" ? c.mlp_hidden : c.layer_heads;
+      for (const auto& v : value) {
+        MG_CHECK(v.is_number_integer(), "GPTConfig.from_json: '", key, "' must hold integers, got ", v.dump());
+        dst.push_back(v.get<int64_t>());
+      }
+      continue;
+    }
     MG_CHECK(key == "dropout" ? value.is_number() : value.is_number_integer(), "GPTConfig.from_json: '", key,
              "' must be ", key == "dropout" ? "a number" : "an integer", ", got ", value.dump());
     if (key == "vocab_size") c.vocab_size = value.get<int64_t>();
@@ -77,7 +101,8 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
     else if (key == "n_head") c.n_head = value.get<int64_t>();
     else if (key == "d_model") c.d_model = value.get<int64_t>();
     else if (key == "dropout") c.dropout = value.get<double>();
-    else MG_THROW("GPTConfig.from_json: unknown key '", key, "' (known: vocab_size, context, n_layer, n_head, d_model, dropout)");
+    else MG_THROW("GPTConfig.from_json: unknown key '", key, "' (known: vocab_size, context, n_layer, n_head, d_model, dropout, "
+                  "mlp_hidden, layer_heads)");
   }
   c.validate();
   return c;
@@ -85,17 +110,19 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
 
 // ---- layers ----------------------------------------------------------------------------------
 
-CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, const InitOptions& init)
-    : UnaryModule("CausalSelfAttention"), n_head(cfg.n_head), attn_dropout(cfg.dropout) {
-  c_attn = register_module("c_attn", gpt2_linear(cfg.d_model, 3 * cfg.d_model, kInitStd, init));
-  c_proj = register_module("c_proj", gpt2_linear(cfg.d_model, cfg.d_model, residual_std(cfg), init));
+CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, int64_t layer, const InitOptions& init)
+    : UnaryModule("CausalSelfAttention"), n_head(cfg.heads(layer)), head_size(cfg.head_size()),
+      attn_dropout(cfg.dropout) {
+  const int64_t inner = n_head * head_size;  // C unless heads were pruned
+  c_attn = register_module("c_attn", gpt2_linear(cfg.d_model, 3 * inner, kInitStd, init));
+  c_proj = register_module("c_proj", gpt2_linear(inner, cfg.d_model, residual_std(cfg), init));
   resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(cfg.dropout));
 }
 
 void CausalSelfAttention::project_qkv(const Tensor& x, Tensor& q, Tensor& k, Tensor& v) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2), HS = C / n_head;
-  Tensor qkv = c_attn->forward(x);  // (B, T, 3C)
-  std::vector<Tensor> parts = split(qkv, C, 2);  // 3 x (B, T, C) views
+  const int64_t B = x.size(0), T = x.size(1), HS = head_size, inner = n_head * HS;
+  Tensor qkv = c_attn->forward(x);  // (B, T, 3 NH HS)
+  std::vector<Tensor> parts = split(qkv, inner, 2);  // 3 x (B, T, NH HS) views
   auto heads = [&](const Tensor& t) { return transpose(reshape(t, {B, T, n_head, HS}), 1, 2); };
   q = heads(parts[0]);  // (B, NH, T, HS)
   k = heads(parts[1]);
@@ -103,8 +130,8 @@ void CausalSelfAttention::project_qkv(const Tensor& x, Tensor& q, Tensor& k, Ten
 }
 
 Tensor CausalSelfAttention::merge_and_project(const Tensor& y) {
-  const int64_t B = y.size(0), T = y.size(2), C = y.size(1) * y.size(3);
-  Tensor merged = reshape(transpose(y, 1, 2), {B, T, C});  // (B, T, NH, HS) -> (B, T, C)
+  const int64_t B = y.size(0), T = y.size(2), C = y.size(1) * y.size(3);  // C here: NH HS
+  Tensor merged = reshape(transpose(y, 1, 2), {B, T, C});  // (B, T, NH, HS) -> (B, T, NH HS)
   return resid_dropout->forward(c_proj->forward(merged));
 }
 
@@ -159,9 +186,10 @@ Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& k_cach
   return merge_and_project(y);
 }
 
-MLP::MLP(const GPTConfig& cfg, const InitOptions& init) : UnaryModule("MLP") {
-  c_fc = register_module("c_fc", gpt2_linear(cfg.d_model, 4 * cfg.d_model, kInitStd, init));
-  c_proj = register_module("c_proj", gpt2_linear(4 * cfg.d_model, cfg.d_model, residual_std(cfg), init));
+MLP::MLP(const GPTConfig& cfg, int64_t layer, const InitOptions& init) : UnaryModule("MLP") {
+  const int64_t hidden = cfg.mlp_width(layer);  // 4C unless pruned
+  c_fc = register_module("c_fc", gpt2_linear(cfg.d_model, hidden, kInitStd, init));
+  c_proj = register_module("c_proj", gpt2_linear(hidden, cfg.d_model, residual_std(cfg), init));
   dropout = register_module("dropout", std::make_shared<Dropout>(cfg.dropout));
 }
 
@@ -170,11 +198,11 @@ Tensor MLP::forward(const Tensor& x) {
   return dropout->forward(c_proj->forward(gelu_tanh(c_fc->forward(x))));  // (B, T, 4C) inside
 }
 
-Block::Block(const GPTConfig& cfg, const InitOptions& init) : UnaryModule("Block") {
+Block::Block(const GPTConfig& cfg, int64_t layer, const InitOptions& init) : UnaryModule("Block") {
   ln_1 = register_module("ln_1", std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, init));
-  attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg, init));
+  attn = register_module("attn", std::make_shared<CausalSelfAttention>(cfg, layer, init));
   ln_2 = register_module("ln_2", std::make_shared<LayerNorm>(cfg.d_model, 1e-5, true, init));
-  mlp = register_module("mlp", std::make_shared<MLP>(cfg, init));
+  mlp = register_module("mlp", std::make_shared<MLP>(cfg, layer, init));
 }
 
 Tensor Block::forward(const Tensor& x) {
@@ -202,7 +230,7 @@ GPT::GPT(GPTConfig cfg, InitOptions init) : Module("GPT"), cfg_(cfg) {
   }
   drop = register_module("drop", std::make_shared<Dropout>(cfg_.dropout));
   h = register_module("h", std::make_shared<ModuleList>());
-  for (int64_t l = 0; l < cfg_.n_layer; ++l) h->push_back(std::make_shared<Block>(cfg_, init));
+  for (int64_t l = 0; l < cfg_.n_layer; ++l) h->push_back(std::make_shared<Block>(cfg_, l, init));
   ln_f = register_module("ln_f", std::make_shared<LayerNorm>(C, 1e-5, true, init));
 }
 

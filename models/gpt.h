@@ -23,6 +23,11 @@ struct GPTConfig {
   int64_t n_head = 4;
   int64_t d_model = 256;
   double dropout = 0.0;  // on embeddings, attention weights and both residual branches
+  // Per-layer widths left by structured pruning (models/compress/); empty: the architecture's.
+  // mlp_hidden[l]: block l's MLP width (4C unless pruned); layer_heads[l]: its attention heads
+  // (n_head unless pruned; the head size stays d_model / n_head).
+  std::vector<int64_t> mlp_hidden{};
+  std::vector<int64_t> layer_heads{};
 
   // The rows of wte: vocab_size rounded up to a multiple of 128 (50257 -> 50304, as in llm.c),
   // so the embedding table has GEMM-friendly sizes. The extra rows start at zero and no token
@@ -36,6 +41,9 @@ struct GPTConfig {
   static GPTConfig from_json(const nlohmann::json& j);
   // Throws naming the bad field (d_model not divisible by n_head, non-positive sizes, ...).
   void validate() const;
+  int64_t head_size() const { return d_model / n_head; }
+  int64_t mlp_width(int64_t layer) const;  // mlp_hidden[layer], or 4 d_model
+  int64_t heads(int64_t layer) const;      // layer_heads[layer], or n_head
 };
 
 struct GenerateOptions {
@@ -46,12 +54,12 @@ struct GenerateOptions {
   bool use_kv_cache = true;  // false: recompute the whole window for every token (reference)
 };
 
-// x: (B, T, C) -> (B, T, C). qkv = c_attn(x) (B, T, 3C) split into heads, causal attention,
-// c_proj back to C. c_attn / c_proj are Linear (weight (out, in)); HF's Conv1D (in, out) is
+// x: (B, T, C) -> (B, T, C). qkv = c_attn(x) (B, T, 3 NH HS) split into heads, causal attention,
+// c_proj back to C (NH HS = C unless heads were pruned). c_attn / c_proj are Linear (weight (out, in)); HF's Conv1D (in, out) is
 // transposed on load.
 class CausalSelfAttention : public UnaryModule {
  public:
-  CausalSelfAttention(const GPTConfig& cfg, const InitOptions& init);
+  CausalSelfAttention(const GPTConfig& cfg, int64_t layer, const InitOptions& init);
   Tensor forward(const Tensor& x) override;
   // One decoding step with the KV cache: x (1, T, C) are positions [pos, pos + T); their keys
   // and values are written into k_cache / v_cache (1, NH, context, HS) and the queries attend
@@ -59,7 +67,8 @@ class CausalSelfAttention : public UnaryModule {
   Tensor forward_cached(const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t pos);
   std::shared_ptr<Linear> c_attn, c_proj;
   std::shared_ptr<Dropout> resid_dropout;
-  int64_t n_head;
+  int64_t n_head;     // this layer's heads
+  int64_t head_size;  // HS
   double attn_dropout;
   bool recompute_core = false;  // selective checkpointing of scores, softmax and dropout
 
@@ -70,10 +79,11 @@ class CausalSelfAttention : public UnaryModule {
   Tensor merge_and_project(const Tensor& y);
 };
 
-// x: (B, T, C) -> (B, T, C): c_fc (C -> 4C), GELU(tanh), c_proj (4C -> C), dropout.
+// x: (B, T, C) -> (B, T, C): c_fc (C -> 4C), GELU(tanh), c_proj (4C -> C), dropout (4C is the
+// layer's mlp_width when pruned).
 class MLP : public UnaryModule {
  public:
-  MLP(const GPTConfig& cfg, const InitOptions& init);
+  MLP(const GPTConfig& cfg, int64_t layer, const InitOptions& init);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Linear> c_fc, c_proj;
   std::shared_ptr<Dropout> dropout;
@@ -82,7 +92,7 @@ class MLP : public UnaryModule {
 // x: (B, T, C) -> (B, T, C): x + attn(ln_1(x)), then + mlp(ln_2(.)).
 class Block : public UnaryModule {
  public:
-  Block(const GPTConfig& cfg, const InitOptions& init);
+  Block(const GPTConfig& cfg, int64_t layer, const InitOptions& init);
   Tensor forward(const Tensor& x) override;
   Tensor forward_cached(const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t pos);
   std::shared_ptr<LayerNorm> ln_1, ln_2;

@@ -95,13 +95,15 @@ std::vector<int64_t> GPT::generate(const std::vector<int64_t>& prompt, int64_t m
   NoGradGuard no_grad;
   EvalGuard eval_mode(*this);  // no dropout while sampling
   std::vector<int64_t> seq = prompt;
-  const int64_t NH = cfg_.n_head, HS = cfg_.d_model / cfg_.n_head, ctx = cfg_.context;
+  const int64_t HS = cfg_.head_size(), ctx = cfg_.context;
 
-  // One (key, value) pair of (1, NH, context, HS) buffers per layer, filled as tokens come.
+  // One (key, value) pair of (1, NH, context, HS) buffers per layer (NH: the layer's heads, fewer
+  // when pruned), filled as tokens come.
   std::vector<Tensor> k_cache, v_cache;
   if (opt.use_kv_cache) {
     MemoryCategoryGuard guard(MemoryCategory::activation);
     for (int64_t l = 0; l < cfg_.n_layer; ++l) {
+      const int64_t NH = cfg_.heads(l);
       k_cache.push_back(empty({1, NH, ctx, HS}, {.dtype = wte->weight.dtype(), .device = device}));
       v_cache.push_back(empty({1, NH, ctx, HS}, {.dtype = wte->weight.dtype(), .device = device}));
     }

@@ -19,6 +19,27 @@ struct StageSpec {
 constexpr StageSpec kStages[] = {{1, 16, 1, 1},  {6, 24, 2, 2},  {6, 32, 3, 2}, {6, 64, 4, 2},
                                  {6, 96, 3, 1},  {6, 160, 3, 2}, {6, 320, 1, 1}};
 constexpr int64_t kStemChannels = 32, kLastChannels = 1280;
+constexpr int64_t kNumBlocks = 17;  // the sum of the repeats
+
+// Calls f(in, out, stride, expand) for the 17 blocks in order, with the channel widths and
+// strides the configuration gives.
+template <typename F>
+void for_each_block(const MobileNetV2Config& cfg, F&& f) {
+  int64_t channels = make_divisible(kStemChannels * cfg.width_mult);
+  bool first_downsample = true;
+  for (const StageSpec& s : kStages) {
+    const int64_t out = make_divisible(double(s.channels) * cfg.width_mult);
+    int64_t stride = s.stride;
+    if (stride == 2 && first_downsample) {
+      first_downsample = false;
+      if (cfg.small_input) stride = 1;  // 32x32: keep the resolution through the 24-channel stage
+    }
+    for (int64_t i = 0; i < s.repeats; ++i) {
+      f(channels, out, i == 0 ? stride : 1, s.expand);
+      channels = out;
+    }
+  }
+}
 
 // torchvision's conv init: kaiming_normal_(mode="fan_out", nonlinearity="relu"), where
 // fan_out = Cout * KH * KW (groups do not enter). The Conv2d constructor's own uniform draws come
@@ -59,17 +80,61 @@ void MobileNetV2Config::validate() const {
            "MobileNetV2Config: num_classes, in_channels and input_size must be positive, got ", num_classes, ", ",
            in_channels, ", ", input_size);
   MG_CHECK(dropout >= 0.0 && dropout < 1.0, "MobileNetV2Config: dropout must be in [0, 1), got ", dropout);
+  if (block_hidden.empty()) return;
+  MG_CHECK(int64_t(block_hidden.size()) == kNumBlocks, "MobileNetV2Config: block_hidden must list the ", kNumBlocks,
+           " blocks' widths, got ", block_hidden.size(), " entries");
+  const std::vector<int64_t> def = default_block_hidden();
+  int64_t b = 0;
+  for_each_block(*this, [&](int64_t in, int64_t, int64_t, int64_t expand) {
+    const int64_t h = block_hidden[size_t(b)];
+    MG_CHECK(h > 0, "MobileNetV2Config: block_hidden[", b, "] must be positive, got ", h);
+    MG_CHECK(expand != 1 || h == in, "MobileNetV2Config: block ", b, " has no expansion conv, so its width is its ",
+             in, " input channels, got ", h);
+    MG_CHECK(h <= def[size_t(b)], "MobileNetV2Config: block_hidden[", b, "] = ", h, " exceeds the architecture's ",
+             def[size_t(b)]);
+    ++b;
+  });
+}
+
+std::vector<int64_t> MobileNetV2Config::default_block_hidden() const {
+  std::vector<int64_t> h;
+  for_each_block(*this, [&](int64_t in, int64_t, int64_t, int64_t expand) {
+    h.push_back(int64_t(std::lround(double(in * expand))));
+  });
+  return h;
+}
+
+std::vector<int64_t> MobileNetV2Config::expand_ratios() const {
+  std::vector<int64_t> r;
+  for_each_block(*this, [&](int64_t, int64_t, int64_t, int64_t expand) { r.push_back(expand); });
+  return r;
+}
+
+std::vector<int64_t> MobileNetV2Config::hidden_widths() const {
+  return block_hidden.empty() ? default_block_hidden() : block_hidden;
 }
 
 nlohmann::json MobileNetV2Config::to_json() const {
-  return {{"width_mult", width_mult},   {"num_classes", num_classes}, {"in_channels", in_channels},
-          {"small_input", small_input}, {"dropout", dropout},         {"input_size", input_size}};
+  nlohmann::json j = {{"width_mult", width_mult},   {"num_classes", num_classes}, {"in_channels", in_channels},
+                      {"small_input", small_input}, {"dropout", dropout},         {"input_size", input_size}};
+  if (!block_hidden.empty()) j["block_hidden"] = block_hidden;  // only pruned models carry it
+  return j;
 }
 
 MobileNetV2Config MobileNetV2Config::from_json(const nlohmann::json& j) {
   MG_CHECK(j.is_object(), "MobileNetV2Config.from_json: expected a JSON object, got ", j.dump());
   MobileNetV2Config c;
   for (const auto& [key, value] : j.items()) {
+    if (key == "block_hidden") {
+      MG_CHECK(value.is_array(), "MobileNetV2Config.from_json: 'block_hidden' must be an array of integers, got ",
+               value.dump());
+      for (const auto& v : value) {
+        MG_CHECK(v.is_number_integer(), "MobileNetV2Config.from_json: 'block_hidden' must hold integers, got ",
+                 v.dump());
+        c.block_hidden.push_back(v.get<int64_t>());
+      }
+      continue;
+    }
     const bool real = key == "width_mult" || key == "dropout", flag = key == "small_input";
     MG_CHECK(real ? value.is_number() : flag ? value.is_boolean() : value.is_number_integer(),
              "MobileNetV2Config.from_json: '", key, "' must be ", real ? "a number" : flag ? "a boolean" : "an integer",
@@ -81,7 +146,8 @@ MobileNetV2Config MobileNetV2Config::from_json(const nlohmann::json& j) {
     else if (key == "dropout") c.dropout = value.get<double>();
     else if (key == "input_size") c.input_size = value.get<int64_t>();
     else MG_THROW("MobileNetV2Config.from_json: unknown key '", key,
-                  "' (known: width_mult, num_classes, in_channels, small_input, dropout, input_size)");
+                  "' (known: width_mult, num_classes, in_channels, small_input, dropout, input_size, "
+                  "block_hidden)");
   }
   c.validate();
   return c;
@@ -109,11 +175,12 @@ std::shared_ptr<ConvBNReLU6> conv_bn_relu6(int64_t in, int64_t out, int64_t kern
   return std::make_shared<ConvBNReLU6>(conv, std::make_shared<BatchNorm2d>(out, 1e-5, 0.1, init));
 }
 
-InvertedResidual::InvertedResidual(int64_t in, int64_t out, int64_t stride, int64_t expand_ratio,
+InvertedResidual::InvertedResidual(int64_t in, int64_t out, int64_t stride, int64_t expand_ratio, int64_t hidden,
                                    const InitOptions& init)
-    : UnaryModule("InvertedResidual"), use_residual(stride == 1 && in == out) {
+    : UnaryModule("InvertedResidual"), use_residual(stride == 1 && in == out), has_expand(expand_ratio != 1) {
   MG_CHECK(stride == 1 || stride == 2, "InvertedResidual: stride must be 1 or 2, got ", stride);
-  const int64_t hidden = int64_t(std::lround(double(in * expand_ratio)));
+  MG_CHECK(hidden > 0 && (expand_ratio != 1 || hidden == in), "InvertedResidual: hidden width ", hidden,
+           " must be positive (and equal the ", in, " input channels when expand_ratio is 1)");
   conv = register_module("conv", std::make_shared<Sequential>());
   if (expand_ratio != 1) conv->push_back(conv_bn_relu6(in, hidden, 1, 1, 1, init));    // expand (N, hidden, H, W)
   conv->push_back(conv_bn_relu6(hidden, hidden, 3, stride, hidden, init));             // depthwise
@@ -135,19 +202,12 @@ MobileNetV2::MobileNetV2(MobileNetV2Config cfg, InitOptions init) : Module("Mobi
   const int64_t last = make_divisible(kLastChannels * std::max(1.0, cfg_.width_mult));
   features = register_module("features", std::make_shared<Sequential>());
   features->push_back(conv_bn_relu6(cfg_.in_channels, channels, 3, cfg_.small_input ? 1 : 2, 1, init));  // stem
-  bool first_downsample = true;
-  for (const StageSpec& s : kStages) {
-    const int64_t out = make_divisible(double(s.channels) * cfg_.width_mult);
-    int64_t stride = s.stride;
-    if (stride == 2 && first_downsample) {
-      first_downsample = false;
-      if (cfg_.small_input) stride = 1;  // 32x32: keep the resolution through the 24-channel stage
-    }
-    for (int64_t i = 0; i < s.repeats; ++i) {
-      features->push_back(std::make_shared<InvertedResidual>(channels, out, i == 0 ? stride : 1, s.expand, init));
-      channels = out;
-    }
-  }
+  const std::vector<int64_t> hidden = cfg_.hidden_widths();
+  size_t b = 0;
+  for_each_block(cfg_, [&](int64_t in, int64_t out, int64_t stride, int64_t expand) {
+    features->push_back(std::make_shared<InvertedResidual>(in, out, stride, expand, hidden[b++], init));
+    channels = out;
+  });
   features->push_back(conv_bn_relu6(channels, last, 1, 1, 1, init));  // (N, 1280, H', W')
 
   classifier = register_module("classifier", std::make_shared<Sequential>());

@@ -26,6 +26,11 @@ struct MobileNetV2Config {
   bool small_input = false;
   double dropout = 0.2;      // before the classifier, as torchvision
   int64_t input_size = 224;  // the square input resolution the configuration is meant for
+  // The expansion width (hidden channels) of each of the 17 inverted-residual blocks; empty: the
+  // architecture's (input channels x expand ratio). Structured pruning (models/compress/) records
+  // the narrower widths it leaves here, so a pruned model rebuilds from its config. A block with
+  // expand ratio 1 has no expansion conv and keeps its input width.
+  std::vector<int64_t> block_hidden{};
 
   // "mobilenetv2-32" (10 classes, small_input, 32x32) and "mobilenetv2-224" (1000 classes,
   // 224x224); throws listing the names.
@@ -35,6 +40,10 @@ struct MobileNetV2Config {
   // Missing keys keep their defaults; an unknown key or an invalid value is an error.
   static MobileNetV2Config from_json(const nlohmann::json& j);
   void validate() const;
+  // The 17 blocks' widths as the architecture defines them (block_hidden ignored), and as built.
+  std::vector<int64_t> default_block_hidden() const;
+  std::vector<int64_t> hidden_widths() const;
+  std::vector<int64_t> expand_ratios() const;  // per block (1: no expansion conv)
 };
 
 // torchvision's _make_divisible: v rounded to the nearest multiple of `divisor` (at least
@@ -62,10 +71,13 @@ std::shared_ptr<ConvBNReLU6> conv_bn_relu6(int64_t in, int64_t out, int64_t kern
 // is added back when stride == 1 and in == out.
 class InvertedResidual : public UnaryModule {
  public:
-  InvertedResidual(int64_t in, int64_t out, int64_t stride, int64_t expand_ratio, const InitOptions& init);
+  // hidden: the expansion width (in * expand_ratio unless pruned); must be `in` when expand_ratio is 1.
+  InvertedResidual(int64_t in, int64_t out, int64_t stride, int64_t expand_ratio, int64_t hidden,
+                   const InitOptions& init);
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Sequential> conv;
   bool use_residual;
+  bool has_expand;  // conv[0] is the 1x1 expansion (expand_ratio != 1)
 };
 
 class MobileNetV2 : public Module {

@@ -115,6 +115,7 @@ void Optimizer::step() {
     }
   }
   step_count_ += 1;
+  for (const auto& hook : post_step_hooks_) hook();
 }
 
 void Optimizer::allocate_state() {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <type_traits>
@@ -61,6 +62,9 @@ class Optimizer {
   void allocate_state();
   // Drops every parameter's gradient (frees the memory; PyTorch's set_to_none).
   void zero_grad();
+  // Runs `hook` at the end of every step(), in the order added (e.g. a pruning mask that keeps
+  // removed weights at zero: models/compress/magnitude_prune.h).
+  void add_post_step_hook(std::function<void()> hook) { post_step_hooks_.push_back(std::move(hook)); }
 
   double lr() const;  // the first group's
   void set_lr(double lr);  // every group's (what a schedule calls each step)
@@ -106,6 +110,7 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::map<std::string, ParamState> state_;
   int64_t step_count_ = 0;
+  std::vector<std::function<void()>> post_step_hooks_;
 };
 
 template <typename Kernel>

@@ -1,0 +1,36 @@
+// `memgrad prune`: the command line over apps/prune_run.h. Prunes a trained run (gpt train or
+// vision train) structurally (a smaller dense model) or by magnitude (masks, weights stored
+// sparse) into a new run directory, optionally fine-tunes and benchmarks it, and prints the
+// parameters, the allocator's parameter bytes and the quality before and after.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+
+#include "apps/commands.h"
+#include "apps/prune_run.h"
+
+namespace mg {
+
+void add_prune_command(CLI::App& app) {
+  auto o = std::make_shared<PruneOptions>();
+  CLI::App* cmd = app.add_subcommand("prune", "Prune a trained run into a smaller (or sparse) run directory");
+  cmd->add_option("--run", o->run, "the trained run directory (gpt train or vision train)")->required();
+  cmd->add_option("--out", o->out, "the new run directory")->required();
+  cmd->add_option("--method", o->method, "structured (units removed) or unstructured (weights zeroed, stored sparse)")
+      ->capture_default_str();
+  cmd->add_option("--amount", o->amount, "fraction removed, in [0, 1)")->capture_default_str();
+  cmd->add_option("--criterion", o->criterion, "importance: l1, l2, bn (BatchNorm scale), taylor (|grad x weight|)")
+      ->capture_default_str();
+  cmd->add_option("--scope", o->scope, "layer (the same fraction of every layer) or global")->capture_default_str();
+  cmd->add_option("--target", o->target, "what structured pruning removes: GPT mlp (default), heads or mlp+heads; "
+                  "MobileNetV2 expansion (default)");
+  cmd->add_option("--taylor-batches", o->taylor_batches, "training batches the taylor criterion reads")
+      ->capture_default_str();
+  cmd->add_option("--finetune-steps", o->finetune_steps, "training steps after pruning (continues the run)")
+      ->capture_default_str();
+  cmd->add_option("--bench-steps", o->bench_steps, "> 0: train both models this many steps; peak memory and step time")
+      ->capture_default_str();
+  cmd->callback([o] { std::fputs(prune_report(prune_run(*o)).c_str(), stdout); });
+}
+
+}  // namespace mg

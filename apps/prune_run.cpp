@@ -1,0 +1,316 @@
+// `memgrad prune` (see prune_run.h). The source run's model and optimizer are loaded on the host,
+// pruned, and written as a new run directory with the same layout: config.json (the model's new
+// widths, and a "pruning" record), metrics.csv (the history so far) and checkpoint/ (the pruned
+// model, its optimizer state, the source's training state), so `--resume` continues the run.
+#include "apps/prune_run.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "apps/gpt_train.h"
+#include "apps/run_setup.h"
+#include "apps/training_loop.h"
+#include "apps/vision_train.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/safetensors.h"
+#include "data/data_loader.h"
+#include "data/token_file.h"
+#include "data/token_window_dataset.h"
+#include "models/compress/sparse_format.h"
+#include "models/compress/structured_prune.h"
+#include "ops/ops.h"
+#include "optim/optim.h"
+#include "optim/precision.h"
+
+namespace mg {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kCmd = "prune";
+constexpr const char* kMasksFile = "masks.safetensors";
+constexpr const char* kSparseFile = "model.sparse.safetensors";
+const Device kHost("cpu:0");
+
+int64_t parameter_bytes() { return memory_stats(kHost).category(MemoryCategory::parameter).current; }
+
+// The run's optimizer (type, lr, weight decay from its config.json) over `model`.
+std::unique_ptr<Optimizer> run_optimizer(Module& model, const nlohmann::json& config) {
+  TrainOptions t;
+  t.read_config(config, kCmd);
+  return make_optimizer(t, model);
+}
+
+// The loss of the first `batches` training batches, one per call (taylor's data).
+std::function<Tensor()> gpt_batches(const RunDir& run, const nlohmann::json& config, GPT& model,
+                                    std::shared_ptr<DataLoader>& keep) {
+  std::string tf = config.at("data").at("token_file").get<std::string>();
+  if (!fs::path(tf).is_absolute()) tf = run.file(tf);
+  MG_CHECK(fs::exists(tf), kCmd, ": the taylor criterion needs the run's training data, and its token file '", tf,
+           "' is missing\n  hint: choose l1 or l2, which need no data");
+  auto file = std::make_shared<const TokenFile>(tf);
+  auto [train, val] = split_train_val(file->size(), config.at("data").value("val_fraction", 0.1));
+  auto set = std::make_shared<TokenWindowDataset>(
+      file, TokenWindowOptions{.context = model.config().context, .region = train, .seed = 1});
+  keep = std::make_shared<DataLoader>(set, DataLoaderOptions{.batch_size = config.at("batch").get<int64_t>(),
+                                                             .drop_last = true, .prefetch = 0, .device = kHost});
+  return [&model, keep] {
+    Batch b = keep->next_step();
+    return model.loss(b.input, b.target);
+  };
+}
+
+std::function<Tensor()> vision_batches(const nlohmann::json& config, MobileNetV2& model, std::shared_ptr<DataLoader>& keep) {
+  const auto& d = config.at("data");
+  VisionData data = load_vision_data(d.at("source").get<std::string>(), model.config().input_size, false, 1,
+                                     d.value("limit_train", int64_t(0)), 1);
+  keep = std::make_shared<DataLoader>(data.train, DataLoaderOptions{.batch_size = config.at("batch").get<int64_t>(),
+                                                                    .drop_last = true, .prefetch = 0, .device = kHost});
+  return [&model, keep] {
+    Batch b = keep->next_step();
+    const DType dt = model.features->parameters()[0].dtype();
+    return cross_entropy(model.forward(b.input.dtype() == dt ? b.input : cast(b.input, dt)), b.target);
+  };
+}
+
+std::vector<PruneGroup> groups_of(const GPT& m, const PruneOptions& o) {
+  const std::string t = o.target.empty() ? "mlp" : o.target;
+  MG_CHECK(t == "mlp" || t == "heads" || t == "mlp+heads", kCmd, ": --target must be mlp, heads or mlp+heads for "
+           "GPT, got '", t, "'");
+  return gpt_groups(m.config(), t != "heads", t != "mlp");
+}
+std::vector<PruneGroup> groups_of(const MobileNetV2& m, const PruneOptions& o) {
+  MG_CHECK(o.target.empty() || o.target == "expansion", kCmd, ": MobileNetV2 prunes expansion channels; --target '",
+           o.target, "' is for GPT");
+  return mobilenet_v2_groups(m.config());
+}
+
+// Loads the run's model and optimizer, prunes, writes the new run. Returns the pruned config.
+template <typename M>
+nlohmann::json prune_into(const RunDir& src, const RunDir& dst, nlohmann::json config, const PruneOptions& o,
+                          PruneResult& r) {
+  using Config = std::decay_t<decltype(std::declval<M>().config())>;
+  const Config cfg = Config::from_json(config.at("model"));
+  const Precision precision = TechniqueOptions{}.from_config(config).precision;
+  const int64_t bytes0 = parameter_bytes();
+  Generator scratch(0);  // every value comes from the checkpoint
+  M model(cfg, {.gen = &scratch, .device = kHost});
+  apply_precision(model, precision);
+  std::unique_ptr<Optimizer> opt = run_optimizer(model, config);
+  TrainingState state = src.load_checkpoint(model, opt.get());
+  r.parameters_before = model.num_parameters();
+  r.parameter_bytes_before = parameter_bytes() - bytes0;
+  state.peak_bytes = 0;  // the pruned run measures its own peak
+
+  nlohmann::json record = {{"from", fs::absolute(src.path()).lexically_normal().string()}, {"method", o.method},
+                           {"amount", o.amount}, {"scope", o.scope}, {"at_step", state.step}};
+  if (o.method == "structured") {
+    const PruneCriterion criterion = parse_prune_criterion(o.criterion);
+    std::vector<PruneGroup> groups = groups_of(model, o);
+    GroupScores taylor;
+    if (criterion == PruneCriterion::taylor) {
+      std::shared_ptr<DataLoader> loader;
+      std::function<Tensor()> loss;
+      if constexpr (std::is_same_v<M, GPT>) loss = gpt_batches(src, config, model, loader);
+      else loss = vision_batches(config, model, loader);
+      model.eval();  // BatchNorm's running statistics must not move while scoring
+      taylor = taylor_importance(model, groups, o.taylor_batches, loss);
+      model.train();
+    }
+    const PrunePlan plan = plan_pruning(model, groups, o.amount, criterion, parse_prune_scope(o.scope),
+                                        criterion == PruneCriterion::taylor ? &taylor : nullptr);
+    const int64_t bytes1 = parameter_bytes();
+    std::unique_ptr<M> pruned = prune_model(model, plan);
+    r.parameters_after = pruned->num_parameters();
+    r.parameter_bytes_after = parameter_bytes() - bytes1;
+    std::unique_ptr<Optimizer> popt = run_optimizer(*pruned, config);
+    {
+      MemoryCategoryGuard guard(MemoryCategory::optimizer_state);
+      popt->load_state_dict(apply_plan_to_optimizer_state(plan, opt->state_dict()), opt->state_metadata());
+    }
+    record["criterion"] = o.criterion;
+    record["target"] = o.target.empty() ? (std::is_same_v<M, GPT> ? "mlp" : "expansion") : o.target;
+    config["model"] = pruned->config().to_json();
+    config["pruning"] = record;
+    dst.write_config(config);
+    dst.save_checkpoint(*pruned, *popt, state);
+  } else {
+    MG_CHECK(o.criterion == "l1", kCmd, ": unstructured pruning ranks single weights by magnitude (l1); --criterion ",
+             o.criterion, " applies to --method structured");
+    MagnitudeMask mask(model, o.amount, parse_prune_scope(o.scope));
+    r.parameters_after = r.parameters_before;
+    r.parameter_bytes_after = r.parameter_bytes_before;  // dense in memory: zeros take bytes too
+    r.sparsity = mask.sparsity();
+    r.mask_bytes = mask.mask_bytes();
+    NamedTensors weights = prunable_weights(model);
+    for (const auto& [_, w] : weights) r.dense_weight_bytes += int64_t(w.nbytes());
+    dst.create();
+    save_safetensors(dst.file(kMasksFile), mask.masks_state(), {{"format", "memgrad-magnitude-masks"}});
+    const std::string tmp = dst.file("weights.sparse.tmp");
+    r.sparse_weight_bytes = save_sparse_safetensors(tmp, weights);  // the masked weights alone, for the count
+    fs::remove(tmp);
+    const int64_t stored = save_sparse_safetensors(dst.file(kSparseFile), model.state_dict());
+    record["criterion"] = "l1";
+    record["masks"] = kMasksFile;
+    record["sparse_weights"] = kSparseFile;
+    record["sparse_bytes"] = stored;
+    record["sparsity"] = r.sparsity;
+    config["pruning"] = record;
+    dst.write_config(config);
+    dst.save_checkpoint(model, *opt, state);
+  }
+  return config;
+}
+
+// A run's quality: validation loss (gpt, the run's validation windows) or test accuracy (vision).
+double quality(const RunDir& run, bool gpt) {
+  return gpt ? gpt_eval({.run = run.path()}).loss : vision_eval({.run = run.path()}).accuracy;
+}
+
+BenchRow bench_one(const PruneOptions& o, const nlohmann::json& config, const std::string& dir, bool gpt) {
+  BenchOptions b;
+  if (gpt) b.gpt = GPTConfig::from_json(config.at("model"));
+  else b.mobilenet = MobileNetV2Config::from_json(config.at("model"));
+  b.techniques = "none";
+  b.steps = o.bench_steps;
+  b.batch = config.at("batch").get<int64_t>();
+  b.data = config.at("data").at("source").get<std::string>();
+  b.out = dir;
+  b.progress = ProgressStyle::none;
+  fs::remove_all(dir);
+  return run_bench(b).rows.at(0);
+}
+
+}  // namespace
+
+PruneResult prune_run(const PruneOptions& o) {
+  MG_CHECK(o.method == "structured" || o.method == "unstructured", kCmd, ": --method must be structured or "
+           "unstructured, got '", o.method, "'");
+  MG_CHECK(o.amount >= 0.0 && o.amount < 1.0, kCmd, ": --amount must be in [0, 1) (the fraction removed), got ",
+           o.amount);
+  parse_prune_scope(o.scope);
+  MG_CHECK(o.finetune_steps >= 0 && o.bench_steps >= 0, kCmd, ": --finetune-steps and --bench-steps must be >= 0");
+  MG_CHECK(!o.out.empty(), kCmd, ": --out is required (the new run directory)");
+  RunDir src = existing_run_dir(o.run, kCmd);
+  MG_CHECK(fs::weakly_canonical(o.out) != fs::weakly_canonical(o.run), kCmd, ": --out must differ from --run");
+  RunDir dst = new_run_dir(o.out, "pruned", kCmd);
+  nlohmann::json config = src.read_config();
+  const std::string command = config.value("command", "");
+  MG_CHECK(command == "gpt train" || command == "vision train", kCmd, ": '", o.run, "' is a '", command,
+           "' run; prune reads gpt train and vision train runs");
+  const bool gpt = command == "gpt train";
+  PruneResult r;
+  r.out_dir = dst.path();
+  r.kind = gpt ? "gpt" : "vision";
+  r.quality_before = r.quality_pruned = r.quality_finetuned = std::nan("");
+  if (gpt) {  // the token file stays where it is (an absolute path), not copied
+    std::string tf = config.at("data").at("token_file").get<std::string>();
+    if (!fs::path(tf).is_absolute() && fs::exists(src.file(tf)))
+      config["data"]["token_file"] = fs::absolute(src.file(tf)).lexically_normal().string();
+  }
+  try {
+    config = gpt ? prune_into<GPT>(src, dst, config, o, r) : prune_into<MobileNetV2>(src, dst, config, o, r);
+  } catch (const nlohmann::json::exception& e) {
+    MG_THROW(kCmd, ": config.json of '", o.run, "' is incomplete or malformed: ", e.what());
+  }
+  if (fs::exists(src.metrics_path())) fs::copy_file(src.metrics_path(), dst.metrics_path(), fs::copy_options::overwrite_existing);
+
+  // Quality: before, right after pruning, after fine-tuning.
+  r.quality_before = quality(src, gpt);
+  r.quality_pruned = quality(dst, gpt);
+  const int64_t at = dst.read_checkpoint_state().step;
+  if (o.finetune_steps > 0) {
+    if (gpt) {
+      GptTrainOptions t;
+      t.resume = dst.path();
+      t.resume_steps = at + o.finetune_steps;
+      t.progress = o.progress;
+      r.finetune_steps = gpt_train(t).steps_done - at;
+    } else {
+      // vision_train counts in epochs: stretch the run to cover the steps, checkpoint exactly at
+      // the last one and stop there; the run's own checkpoint interval is restored afterwards.
+      const int64_t per_epoch = config.at("steps_per_epoch").get<int64_t>(), end = at + o.finetune_steps;
+      const nlohmann::json every = config.at("checkpoint_every");
+      config["checkpoint_every"] = end;
+      dst.write_config(config);
+      VisionTrainOptions t;
+      t.resume = dst.path();
+      t.progress = o.progress;
+      t.resume_epochs = std::max(config.at("epochs").get<int64_t>(), (end + per_epoch - 1) / per_epoch);
+      t.stop_after = end;
+      VisionTrainResult v = vision_train(t);
+      config = dst.read_config();
+      config["checkpoint_every"] = every;
+      dst.write_config(config);
+      r.finetune_steps = v.steps_done - at;
+    }
+    r.quality_finetuned = quality(dst, gpt);
+  }
+  if (o.bench_steps > 0) {
+    r.bench_before = bench_one(o, src.read_config(), dst.file("bench-unpruned"), gpt);
+    r.bench_after = bench_one(o, config, dst.file("bench-pruned"), gpt);
+  }
+  return r;
+}
+
+std::string prune_report(const PruneResult& r) {
+  auto mib = [](int64_t b) { return double(b) / 1048576.0; };
+  char buf[512];
+  std::string s;
+  std::snprintf(buf, sizeof buf, "prune: %s -> %s\n  parameters      %12lld -> %12lld  (%.1f%% fewer)\n",
+                r.kind.c_str(), r.out_dir.c_str(), (long long)r.parameters_before, (long long)r.parameters_after,
+                100.0 * (1.0 - double(r.parameters_after) / double(r.parameters_before)));
+  s += buf;
+  std::snprintf(buf, sizeof buf, "  parameter bytes %9.2f MiB -> %9.2f MiB  (allocator, category parameter; %.1f%% less)\n",
+                mib(r.parameter_bytes_before), mib(r.parameter_bytes_after),
+                100.0 * (1.0 - double(r.parameter_bytes_after) / double(r.parameter_bytes_before)));
+  s += buf;
+  if (r.dense_weight_bytes > 0) {
+    std::snprintf(buf, sizeof buf,
+                  "  sparsity %.2f%% of Linear/Conv2d weights; stored %.2f MiB dense -> %.2f MiB bitmask+values "
+                  "(%.2fx smaller); masks %.2f MiB\n",
+                  100.0 * r.sparsity, mib(r.dense_weight_bytes), mib(r.sparse_weight_bytes),
+                  double(r.dense_weight_bytes) / double(r.sparse_weight_bytes), mib(r.mask_bytes));
+    s += buf;
+  }
+  const char* q = r.kind == "gpt" ? "validation loss" : "test accuracy";
+  auto qv = [&](double v) {
+    if (std::isnan(v)) return std::string("-");
+    std::snprintf(buf, sizeof buf, r.kind == "gpt" ? "%.4f" : "%.2f%%", r.kind == "gpt" ? v : 100.0 * v);
+    return std::string(buf);
+  };
+  const std::string before = qv(r.quality_before), pruned = qv(r.quality_pruned), tuned = qv(r.quality_finetuned);
+  std::snprintf(buf, sizeof buf, "  %s: before %s, pruned %s, after %lld fine-tune steps %s\n", q, before.c_str(),
+                pruned.c_str(), (long long)r.finetune_steps, tuned.c_str());
+  s += buf;
+  if (r.bench_before && r.bench_after) {
+    const BenchRow &a = *r.bench_before, &b = *r.bench_after;
+    std::snprintf(buf, sizeof buf,
+                  "  training step (bench, technique none): peak %.2f MiB -> %.2f MiB (%.1f%% less), "
+                  "%.1f ms -> %.1f ms per step (median)\n",
+                  mib(a.memory.peak), mib(b.memory.peak), 100.0 * (1.0 - double(b.memory.peak) / double(a.memory.peak)),
+                  a.ms_per_step, b.ms_per_step);
+    s += buf;
+  }
+  return s;
+}
+
+std::unique_ptr<MagnitudeMask> attach_prune_masks(const RunDir& run, Module& model, Optimizer& opt) {
+  const nlohmann::json config = run.read_config();
+  if (!config.contains("pruning") || !config["pruning"].contains("masks")) return nullptr;
+  const std::string path = run.file(config["pruning"]["masks"].get<std::string>());
+  MG_CHECK(fs::exists(path), "the pruned run '", run.path(), "' lacks its masks file '", path, "'");
+  NamedTensors masks;
+  {
+    MemoryCategoryGuard guard(MemoryCategory::other);
+    masks = load_safetensors(path);
+  }
+  auto mask = std::make_unique<MagnitudeMask>(model, masks);
+  opt.add_post_step_hook([m = mask.get()] { m->apply(); });
+  return mask;
+}
+
+}  // namespace mg

@@ -1,0 +1,57 @@
+// `memgrad prune` as a library call: reads a trained run directory (gpt train or vision train),
+// prunes its model structurally (models/compress/structured_prune.h: a smaller dense model, its
+// optimizer state cut the same way) or by magnitude (magnitude_prune.h: masks + a sparse copy of
+// the weights), writes a new run directory every command loads (vision eval, gpt sample, train
+// --resume), optionally fine-tunes it through gpt_train / vision_train, and measures with the
+// allocator: parameter bytes, and with --bench-steps the training peak and step time of both.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "apps/bench.h"
+#include "apps/progress.h"
+#include "apps/run_dir.h"
+#include "models/compress/magnitude_prune.h"
+#include "optim/optimizer.h"
+
+namespace mg {
+
+struct PruneOptions {
+  std::string run{};                 // the trained run directory
+  std::string out{};                 // the new run directory (must not hold a checkpoint)
+  std::string method = "structured";  // structured | unstructured
+  double amount = 0.5;               // fraction of units (structured) or weights (unstructured), [0, 1)
+  std::string criterion = "l1";      // l1 | l2 | bn | taylor (unstructured: l1, the magnitude)
+  std::string scope = "layer";       // layer | global
+  std::string target{};              // GPT: mlp (default) | heads | mlp+heads; MobileNetV2: expansion
+  int64_t taylor_batches = 4;        // batches of the run's training data the taylor criterion reads
+  int64_t finetune_steps = 0;        // training steps after pruning (0: none)
+  int64_t bench_steps = 0;           // > 0: `memgrad bench` rows (technique none) of both models
+  ProgressStyle progress = ProgressStyle::automatic;
+};
+
+struct PruneResult {
+  std::string out_dir{}, kind{};  // kind: "gpt" or "vision"
+  int64_t parameters_before = 0, parameters_after = 0;
+  int64_t parameter_bytes_before = 0, parameter_bytes_after = 0;  // allocator, category parameter
+  // unstructured: the masked weights' sparsity, the masks' bytes, and those weights' bytes dense
+  // vs stored in model.sparse.safetensors (bitmask + values)
+  double sparsity = 0.0;
+  int64_t mask_bytes = 0, dense_weight_bytes = 0, sparse_weight_bytes = 0;
+  // quality: accuracy (vision) or validation loss (gpt); NaN when not measured
+  double quality_before = 0.0, quality_pruned = 0.0, quality_finetuned = 0.0;
+  int64_t finetune_steps = 0;
+  std::optional<BenchRow> bench_before{}, bench_after{};
+};
+
+PruneResult prune_run(const PruneOptions& options);
+std::string prune_report(const PruneResult& r);  // what `memgrad prune` prints
+
+// When `run` was pruned by magnitude, the masks from its masks.safetensors, applied to `model`
+// now and after every step of `opt` (what the training loops call after creating the optimizer,
+// so fine-tuning and --resume keep the pruned weights at zero); nullptr otherwise.
+std::unique_ptr<MagnitudeMask> attach_prune_masks(const RunDir& run, Module& model, Optimizer& opt);
+
+}  // namespace mg

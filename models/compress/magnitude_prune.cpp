@@ -1,0 +1,135 @@
+// Magnitude masks (see magnitude_prune.h). The threshold is found with nth_element over a
+// scratch copy of the magnitudes held by the allocator (category workspace); ties at the
+// threshold are pruned in index order until exactly floor(amount * n) weights are gone.
+#include "models/compress/magnitude_prune.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "core/error.h"
+#include "models/compress/sparse_format.h"
+#include "models/nn/layers.h"
+#include "ops/ops.h"
+
+namespace mg {
+namespace {
+
+// |w| of every element of `weights`, one after the other, as f32 in a workspace tensor.
+Tensor magnitudes(const NamedTensors& weights) {
+  int64_t n = 0;
+  for (const auto& [_, w] : weights) n += w.numel();
+  MemoryCategoryGuard scratch(MemoryCategory::workspace);
+  Tensor out = empty({n}, {.dtype = DType::f32});
+  float* o = out.data<float>();
+  for (const auto& [_, w] : weights) {
+    MG_DISPATCH_FLOAT(w.dtype(), "magnitude prune", [&] {
+      const scalar_t* p = w.data<scalar_t>();
+      for (int64_t i = 0; i < w.numel(); ++i) *o++ = std::abs(float(p[i]));
+    });
+  }
+  return out;
+}
+
+// Zeroes the `remove` smallest magnitudes among `weights` (the entries of `mag`, in that order).
+void prune_smallest(const NamedTensors& weights, const Tensor& mag, int64_t remove) {
+  if (remove <= 0) return;
+  const int64_t n = mag.numel();
+  Tensor sorted = [&] {
+    MemoryCategoryGuard scratch(MemoryCategory::workspace);
+    return clone(mag);
+  }();
+  float* s = sorted.data<float>();
+  std::nth_element(s, s + (remove - 1), s + n);
+  const float threshold = s[remove - 1];
+  int64_t below = 0;
+  const float* m = mag.data<float>();
+  for (int64_t i = 0; i < n; ++i) below += m[i] < threshold;
+  int64_t ties = remove - below;  // entries equal to the threshold that go too (in index order)
+  int64_t i = 0;
+  for (const auto& [_, w] : weights) {
+    MG_DISPATCH_FLOAT(w.dtype(), "magnitude prune", [&] {
+      scalar_t* p = w.data<scalar_t>();
+      for (int64_t k = 0; k < w.numel(); ++k, ++i) {
+        const bool go = m[i] < threshold || (m[i] == threshold && ties > 0 && ties--);
+        if (go) p[k] = scalar_t(0.0f);
+      }
+    });
+    w.bump_version();
+  }
+}
+
+}  // namespace
+
+NamedTensors prunable_weights(Module& model) {
+  NamedTensors out;
+  for (auto& [name, m] : model.named_modules()) {
+    const std::string prefix = name.empty() ? "" : name + ".";
+    if (auto* l = dynamic_cast<Linear*>(m)) out.emplace_back(prefix + "weight", l->weight);
+    else if (auto* c = dynamic_cast<Conv2d*>(m)) out.emplace_back(prefix + "weight", c->weight);
+  }
+  for (const auto& [name, w] : out)
+    MG_CHECK(w.device().is_cpu() && w.is_contiguous(), "magnitude prune: weight '", name, "' is on ",
+             w.device().str(), "; prune on the host (cpu) and move the model afterwards");
+  return out;
+}
+
+MagnitudeMask::MagnitudeMask(Module& model, double amount, PruneScope scope) : weights_(prunable_weights(model)) {
+  MG_CHECK(amount >= 0.0 && amount < 1.0, "prune: --amount must be in [0, 1) (the fraction of weights removed), got ",
+           amount);
+  MG_CHECK(!weights_.empty(), "prune: the model has no Linear or Conv2d weights to prune");
+  NoGradGuard no_grad;
+  if (scope == PruneScope::global) {
+    const Tensor mag = magnitudes(weights_);
+    prune_smallest(weights_, mag, int64_t(std::floor(amount * double(mag.numel()))));
+  } else {
+    for (const auto& w : weights_) {
+      const NamedTensors one = {w};
+      const Tensor mag = magnitudes(one);
+      prune_smallest(one, mag, int64_t(std::floor(amount * double(mag.numel()))));
+    }
+  }
+  // The masks: a bit per weight still nonzero (a weight that was exactly zero counts as pruned).
+  MemoryCategoryGuard guard(MemoryCategory::other);
+  for (const auto& [name, w] : weights_) masks_.emplace_back(name, nonzero_bits(w));
+}
+
+MagnitudeMask::MagnitudeMask(Module& model, const NamedTensors& masks) : weights_(prunable_weights(model)) {
+  std::map<std::string, Tensor> by_name(masks.begin(), masks.end());
+  MG_CHECK(by_name.size() == weights_.size(), "prune: ", masks.size(), " masks for a model with ", weights_.size(),
+           " prunable weights");
+  MemoryCategoryGuard guard(MemoryCategory::other);
+  for (const auto& [name, w] : weights_) {
+    auto it = by_name.find(name);
+    MG_CHECK(it != by_name.end(), "prune: no mask for weight '", name, "'");
+    MG_CHECK(it->second.dtype() == DType::u8 && it->second.numel() == (w.numel() + 7) / 8, "prune: the mask of '",
+             name, "' has ", it->second.numel(), " bytes; its weight ", w.shape(), " needs ", (w.numel() + 7) / 8);
+    masks_.emplace_back(name, it->second.device().is_cpu() ? contiguous(it->second) : to(it->second, kCPU));
+  }
+  apply();
+}
+
+void MagnitudeMask::apply() {
+  NoGradGuard no_grad;
+  for (size_t i = 0; i < weights_.size(); ++i) apply_bits_(weights_[i].second, masks_[i].second);
+}
+
+int64_t MagnitudeMask::mask_bytes() const {
+  int64_t b = 0;
+  for (const auto& [_, m] : masks_) b += int64_t(m.nbytes());
+  return b;
+}
+
+int64_t MagnitudeMask::masked_elements() const {
+  int64_t n = 0;
+  for (const auto& [_, w] : weights_) n += w.numel();
+  return n;
+}
+
+int64_t MagnitudeMask::pruned_elements() const {
+  int64_t kept = 0;
+  for (size_t i = 0; i < weights_.size(); ++i) kept += count_bits(masks_[i].second, weights_[i].second.numel());
+  return masked_elements() - kept;
+}
+
+}  // namespace mg
