@@ -4,6 +4,7 @@
 // largest split peak against the single-device peak, and the median step time of each run.
 // Usage: parallel_split [--model gpt-small|gpt-mini|mobilenetv2-32] [--devices cpu:0,cpu:1]
 //                       [--split balanced|stages:K|attention-mlp] [--steps N] [--meta-only]
+//                       [--micro-batch M]  (GPT with balanced / stages: also GPipe vs 1F1B)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "autograd/engine.h"
 #include "core/allocator.h"
 #include "core/parallel.h"
+#include "parallel/pipeline.h"
 #include "parallel/split.h"
 
 using namespace mg;
@@ -61,6 +63,7 @@ int64_t largest(const std::vector<DevicePeak>& p) {
 int main(int argc, char** argv) {
   std::string model = "gpt-small", devices_arg = "cpu:0,cpu:1", split_arg = "balanced";
   int steps = 3;
+  int64_t micro = 0;
   bool meta_only = false;
   for (int i = 1; i < argc; ++i) {
     auto value = [&]() -> std::string {
@@ -75,6 +78,7 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--split")) split_arg = value();
     else if (!std::strcmp(argv[i], "--steps")) steps = std::max(2, std::atoi(value().c_str()));
     else if (!std::strcmp(argv[i], "--meta-only")) meta_only = true;
+    else if (!std::strcmp(argv[i], "--micro-batch")) micro = std::atoll(value().c_str());
     else {
       std::fprintf(stderr, "parallel_split: unknown argument %s\n", argv[i]);
       return 2;
@@ -112,6 +116,38 @@ int main(int argc, char** argv) {
     std::printf("largest split peak / single-device peak: %.3f measured, %.3f predicted\n",
                 double(largest(many.peaks)) / double(largest(one.peaks)),
                 double(largest(split_pred)) / double(largest(single_pred)));
+    if (micro > 0) {
+      // Pipeline schedules over the split's stages: stage 0's activation peak and the step time.
+      MG_CHECK(model.rfind("gpt", 0) == 0 && split_arg != "attention-mlp",
+               "--micro-batch: the pipeline runs GPT stages (balanced or stages:K)");
+      std::vector<int64_t> counts = plan.counts;
+      if (counts.empty()) counts = equal_counts(int64_t(layout.blocks.size()), int64_t(devices.size()));
+      const GPTConfig cfg = GPTConfig::named(model);
+      const int64_t B = 8, p = int64_t(counts.size()), M = num_micro_batches(B, micro);
+      for (PipelineKind kind : {PipelineKind::gpipe, PipelineKind::one_f_one_b}) {
+        auto net = std::dynamic_pointer_cast<GPT>(probe.build(devices.front()));
+        apply_placement(*net, split);
+        auto opt = probe.optimizer(*net);
+        const Tensor idx = zeros({B, cfg.context}, {.dtype = DType::i64, .device = devices.front()});
+        const PipelineSchedule sched = make_schedule(kind, p, M);
+        double ms = 0;
+        for (int step = 0; step < 2; ++step) {  // a warm-up step (optimizer state), then the measured one
+          for (const Device& d : devices) reset_peak_stats(d);
+          const int64_t act0 = memory_stats(devices.front()).category(MemoryCategory::activation).current;
+          const auto t0 = std::chrono::steady_clock::now();
+          run_pipeline(sched, gpt_pipeline_stages(*net, counts, idx, idx, micro), B, micro);
+          opt->step();
+          opt->zero_grad();
+          ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          if (step == 1)
+            std::printf("%-5s p=%lld m=%lld: stage 0 activation peak %s, device peaks %s / %s, step %.0f ms, schedule bubble %.3f\n",
+                        pipeline_name(kind).c_str(), (long long)p, (long long)M,
+                        format_bytes(memory_stats(devices.front()).category(MemoryCategory::activation).peak - act0).c_str(),
+                        format_bytes(memory_stats(devices.front()).allocated.peak).c_str(),
+                        format_bytes(memory_stats(devices.back()).allocated.peak).c_str(), ms, sched.bubble_fraction());
+        }
+      }
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "parallel_split: %s\n", e.what());
     return 1;

@@ -188,6 +188,24 @@ std::string ResolvedPlacement::modules_on(Device d) const {
   return names.empty() ? "(nothing)" : fold_paths(names);
 }
 
+std::string ResolvedPlacement::str() const {
+  std::vector<Device> devices;
+  for (const auto& [_, d] : leaves)
+    if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+  std::string out;
+  for (const Device& d : devices) {
+    if (!out.empty()) out += "; ";
+    out += d.str();
+    out += " holds ";
+    out += modules_on(d);
+  }
+  return out;
+}
+
+OutOfMemoryError with_placement(const OutOfMemoryError& e, const ResolvedPlacement& r) {
+  return OutOfMemoryError(std::string(e.what()) + "\n  model split over devices: " + r.str());
+}
+
 ResolvedPlacement resolve_placement(Module& model, const Placement& placement) {
   ResolvedPlacement r{model_layout(model), {}};
   const ModelLayout& layout = r.layout;

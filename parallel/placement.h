@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "models/nn/module.h"
 #include "parallel/model_layout.h"
 
@@ -33,7 +34,13 @@ struct ResolvedPlacement {
   Device device_of(const std::string& leaf) const;
   // The modules on `d` in words, runs folded ("wte, wpe, h.0-3, ln_f"), for reports and errors.
   std::string modules_on(Device d) const;
+  // Every device with its modules: "cpu:0 holds wte,wpe,h.0-3; cpu:1 holds h.4-7,ln_f".
+  std::string str() const;
 };
+
+// The error with the placement appended, so an out-of-memory on one device (which the
+// allocator's message names) also says which modules live there. Rethrow what it returns.
+OutOfMemoryError with_placement(const OutOfMemoryError& e, const ResolvedPlacement& r);
 
 // Checks a placement against the model and returns where every leaf goes. One error lists every
 // problem: an unknown module path, a module that cannot be placed on its own, a module placed

@@ -31,12 +31,15 @@ std::string PipelineSchedule::str() const {
   std::vector<std::vector<std::string>> grid(static_cast<size_t>(stages), std::vector<std::string>(static_cast<size_t>(slots), "."));
   size_t width = 1;
   for (const auto& st : steps) {
-    std::string cell = (st.kind == PipelineStep::Kind::forward ? "F" : "B") + std::to_string(st.micro_batch);
+    std::string cell(1, st.kind == PipelineStep::Kind::forward ? 'F' : 'B');
+    cell += std::to_string(st.micro_batch);
     width = std::max(width, cell.size());
     grid[size_t(st.stage)][size_t(st.slot)] = cell;
   }
   for (int64_t s = 0; s < stages; ++s) {
-    out += "  stage " + std::to_string(s) + " |";
+    out += "  stage ";
+    out += std::to_string(s);
+    out += " |";
     for (const auto& cell : grid[size_t(s)]) out += " " + cell + std::string(width - cell.size(), ' ');
     out += "\n";
   }

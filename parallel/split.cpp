@@ -19,7 +19,10 @@ namespace {
 
 std::string devices_str(const std::vector<Device>& devices) {
   std::string s;
-  for (const auto& d : devices) s += (s.empty() ? "" : ",") + d.str();
+  for (const auto& d : devices) {
+    if (!s.empty()) s += ",";
+    s += d.str();
+  }
   return s;
 }
 

@@ -163,4 +163,37 @@ TEST_CASE("split: a GPT over its budget on one device trains on two with the sam
   }
   CHECK(memory_stats(a).allocated.peak <= int64_t(budget));
   CHECK(memory_stats(b).allocated.peak <= int64_t(budget));
+
+  // Too small a budget for the split too: the error names the device and what lives there.
+  empty_cache(b);
+  set_memory_limit(b, size_t(memory_stats(b).reserved.current) + 1024);
+  std::string message;
+  try {
+    const ResolvedPlacement r = resolve_placement(*model, plan.placement);
+    try {
+      Tensor loss = probe.loss(*model);
+      backward(loss);
+    } catch (const OutOfMemoryError& e) {
+      throw with_placement(e, r);
+    }
+  } catch (const OutOfMemoryError& e) {
+    message = e.what();
+  }
+  CHECK_THAT(message, Catch::Contains("out of memory on cpu:9"));
+  CHECK_THAT(message, Catch::Contains("model split over devices: cpu:8 holds wte,wpe,h.0-"));
+  CHECK_THAT(message, Catch::Contains("; cpu:9 holds h."));
+}
+
+TEST_CASE("split: meta:N are separate meta pools", "[parallel]") {
+  CHECK(Device("meta").str() == "meta");
+  CHECK(Device("meta:3").str() == "meta:3");
+  CHECK(Device("meta:0") == kMeta);
+  const Device m3("meta:3"), m4("meta:4");
+  const int64_t before3 = memory_stats(m3).allocated.current, before4 = memory_stats(m4).allocated.current;
+  Tensor x = zeros({1024}, {.device = m3});
+  Tensor y = to(x, m4);  // a move between metas allocates on the target only, no data
+  CHECK(y.device() == m4);
+  CHECK(memory_stats(m3).allocated.current - before3 == 4096);
+  CHECK(memory_stats(m4).allocated.current - before4 == 4096);
+  CHECK_THROWS_WITH(add(x, y), Catch::Contains("meta:3 and meta:4"));
 }
