@@ -77,6 +77,7 @@ TEST_CASE("placement: attention-mlp gives the single-device loss and gradients b
   CHECK(gpt->h->at<Block>(2)->mlp->c_fc->weight.device() == b);
   CHECK(gpt->ln_f->weight.device() == b);
   test::check_identical(test::gpt_step(*gpt), want);
+  CHECK_THROWS_WITH(gpt->generate({1, 2}, 2), Catch::Contains("the model is split over devices"));
 }
 
 TEST_CASE("placement: stages and a leaf-by-leaf alternation equal one device, the optimizer steps each device", "[parallel]") {
@@ -148,4 +149,13 @@ TEST_CASE("placement: MobileNetV2 in stages equals one device (loss, gradients, 
   const auto buffers = net->named_buffers();
   for (size_t i = 0; i < buffers.size(); ++i)
     CHECK(to(buffers[i].second, kCPU).to_double_vector() == ref_buffers[i].second.to_double_vector());
+
+  // balanced: cut points from the per-device peaks on meta (early blocks hold most activations,
+  // late ones most parameters), the same bits again.
+  const BalancedPlan plan = plan_balanced(mobilenet_step_probe(cfg, 3, 16), {a, b});
+  INFO(plan.str());
+  CHECK(plan.counts[0] + plan.counts[1] == 17);
+  auto balanced = build();
+  apply_placement(*balanced, plan.placement);
+  test::check_identical(run(*balanced), want);
 }
