@@ -28,6 +28,8 @@ ModelLayout model_layout(Module& model) {
     l.first = {"wte", "wpe"};
     l.last = {"ln_f"};
     l.groups = {"h"};
+    l.input = "wte";
+    l.output = "wte";
     l.leaves = l.first;
     for (size_t i = 0; i < gpt->h->size(); ++i) {
       const std::string b = "h." + std::to_string(i);
@@ -44,6 +46,8 @@ ModelLayout model_layout(Module& model) {
     const size_t n = net->features->size();  // stem, blocks, last 1x1 conv
     MG_INTERNAL_ASSERT(n >= 3, "MobileNetV2 with ", n, " feature modules");
     l.groups = {"features"};
+    l.input = "features.0";
+    l.output = "classifier";
     for (size_t i = 0; i < n; ++i) l.leaves.push_back("features." + std::to_string(i));
     l.leaves.push_back("classifier");
     l.first = {"features.0"};

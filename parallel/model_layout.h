@@ -22,6 +22,8 @@ struct ModelLayout {
   std::vector<std::string> last;     // with the last group: ln_f / the last 1x1 conv, classifier
   // Placeable containers of leaves other than blocks ("h", "features").
   std::vector<std::string> groups;
+  std::string input;   // the leaf that reads the batch: wte / features.0
+  std::string output;  // the leaf whose device gets the logits and the loss: wte (tied head) / classifier
   std::string hint;                  // the placeable modules in words, for error messages
 
   // A module path that may appear in a placement: a leaf, a block or a group.

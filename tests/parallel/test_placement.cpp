@@ -73,6 +73,7 @@ TEST_CASE("placement: attention-mlp gives the single-device loss and gradients b
   const ResolvedPlacement r = apply_placement(*gpt, attention_mlp_placement(model_layout(*gpt), {a, b}));
   CHECK(r.modules_on(a) == "wte,wpe,h.0-3.ln_1,h.0-3.attn");
   CHECK(r.modules_on(b) == "h.0-3.ln_2,h.0-3.mlp,ln_f");
+  CHECK((r.input_device() == a && r.output_device() == a));  // the head is the tied wte
   CHECK(gpt->h->at<Block>(2)->attn->c_attn->weight.device() == a);
   CHECK(gpt->h->at<Block>(2)->mlp->c_fc->weight.device() == b);
   CHECK(gpt->ln_f->weight.device() == b);
@@ -143,6 +144,7 @@ TEST_CASE("placement: MobileNetV2 in stages equals one device (loss, gradients, 
   CHECK(layout.blocks.size() == 17);
   const ResolvedPlacement r = apply_placement(*net, stages_placement(layout, {a, b}, equal_counts(17, 2)));
   CHECK(r.modules_on(a) == "features.0-9");
+  CHECK((r.input_device() == a && r.output_device() == b));
   CHECK(r.modules_on(b) == "features.10-18,classifier");
   test::check_identical(run(*net), want);
   const auto ref_buffers = ref->named_buffers();
