@@ -31,6 +31,7 @@ struct Run {
 // steps training steps (the first is warm-up); peaks of the last step.
 Run run_steps(const StepProbe& probe, const Placement& placement, int steps) {
   const std::vector<Device> devices = placement.devices();
+  for (const Device& d : devices) empty_cache(d);  // empty pools, as measure_on_meta starts from
   auto model = probe.build(devices.front());
   const ResolvedPlacement r = apply_placement(*model, placement);
   auto opt = probe.optimizer(*model);
@@ -125,6 +126,7 @@ int main(int argc, char** argv) {
       const GPTConfig cfg = GPTConfig::named(model);
       const int64_t B = 8, p = int64_t(counts.size()), M = num_micro_batches(B, micro);
       for (PipelineKind kind : {PipelineKind::gpipe, PipelineKind::one_f_one_b}) {
+        for (const Device& d : devices) empty_cache(d);
         auto net = std::dynamic_pointer_cast<GPT>(probe.build(devices.front()));
         apply_placement(*net, split);
         auto opt = probe.optimizer(*net);
