@@ -16,7 +16,7 @@ struct DevicePeak {
   Device device;
   int64_t peak = 0;                                       // peak allocated bytes
   std::array<int64_t, kNumMemoryCategories> category{};   // each category's own peak
-  std::string modules;                                    // what lives there ("wte, wpe, h.0-3")
+  std::string modules;                                    // what lives there ("wte,wpe,h.0-3")
 
   int64_t of(MemoryCategory c) const { return category[size_t(c)]; }
 };

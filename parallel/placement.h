@@ -36,7 +36,8 @@ struct ResolvedPlacement {
   // out (a MobileNetV2's labels go there).
   Device input_device() const { return device_of(layout.input); }
   Device output_device() const { return device_of(layout.output); }
-  // The modules on `d` in words, runs folded ("wte, wpe, h.0-3, ln_f"), for reports and errors.
+  // The modules on `d`, runs folded ("wte,wpe,h.0-3,ln_f"; a block split across devices by its
+  // sublayers), for reports and errors.
   std::string modules_on(Device d) const;
   // Every device with its modules: "cpu:0 holds wte,wpe,h.0-3; cpu:1 holds h.4-7,ln_f".
   std::string str() const;
