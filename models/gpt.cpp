@@ -230,10 +230,11 @@ Tensor GPT::forward_hidden(const Tensor& idx) {
   MG_CHECK(idx.device() == wte->weight.device(), "GPT: token ids are on ", idx.device().str(),
            " but the model is on ", wte->weight.device().str(), " (move them with mg::to)");
   Tensor x = embed(idx, 0);
-  // The blocks under the checkpoint policy (autograd/checkpoint.h: checkpoint_sequential).
+  // The blocks under the checkpoint policy (autograd/checkpoint.h: checkpoint_sequential),
+  // called as (*block)(t), which moves t to a placed block's device (parallel/placement.h).
   std::vector<BlockFn> blocks;
   for (size_t l = 0; l < h->size(); ++l)
-    blocks.push_back([block = h->at<Block>(l)](const Tensor& t) { return (*block)(t);  // operator(): moves t to a placed block's device });
+    blocks.push_back([block = h->at<Block>(l)](const Tensor& t) { return (*block)(t); });
   x = checkpoint_sequential(blocks, checkpoint_, x);  // (B, T, C)
   return (*ln_f)(x);                                   // (B, T, C)
 }

@@ -13,7 +13,9 @@ std::vector<DevicePeak> device_peaks(const std::vector<Device>& devices) {
   std::vector<DevicePeak> out;
   for (const Device& d : devices) {
     const MemoryStats s = memory_stats(d);
-    DevicePeak p{.device = d, .peak = s.allocated.peak};
+    DevicePeak p;
+    p.device = d;
+    p.peak = s.allocated.peak;
     for (MemoryCategory c : kAllMemoryCategories) p.category[size_t(c)] = s.category(c).peak;
     out.push_back(p);
   }
@@ -35,7 +37,11 @@ std::string device_peaks_table(const std::vector<DevicePeak>& measured, const st
     int64_t rest = 0;
     for (MemoryCategory c : {MemoryCategory::workspace, MemoryCategory::input, MemoryCategory::other}) rest += m.of(c);
     std::string pred;
-    if (!predicted.empty()) pred = " " + std::string(12 - std::min<size_t>(12, fmt(predicted[i].peak).size()), ' ') + fmt(predicted[i].peak);
+    if (!predicted.empty()) {
+      const std::string p = fmt(predicted[i].peak);
+      pred.assign(13 - std::min<size_t>(12, p.size()), ' ');
+      pred += p;
+    }
     const std::string& modules = !m.modules.empty() ? m.modules : (predicted.empty() ? m.modules : predicted[i].modules);
     std::snprintf(line, sizeof line, "%-8s %12s%s %12s %12s %12s %12s %12s  %s\n", m.device.str().c_str(),
                   fmt(m.peak).c_str(), pred.c_str(), fmt(m.of(MemoryCategory::parameter)).c_str(),
