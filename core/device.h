@@ -1,6 +1,7 @@
 // Device: where a tensor's memory lives. `cpu:N` is host memory with its own pool, budget and
 // statistics per index (so cpu:0 and cpu:1 act like two cards); `cuda:N` is a GPU; `meta`
-// holds shapes and bytes but no data, so running a model on it gives its exact memory timeline.
+// holds shapes and bytes but no data, so running a model on it gives its exact memory timeline
+// (`meta:N` are separate meta pools, so a model split over K devices can be measured on K metas).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -17,8 +18,8 @@ struct Device {
   int index = 0;
 
   constexpr Device() = default;
-  constexpr Device(DeviceType t, int i = 0) : type(t), index(t == DeviceType::meta ? 0 : i) {}
-  Device(std::string_view spec);  // NOLINT: "cpu", "cpu:1", "cuda:0", "meta"
+  constexpr Device(DeviceType t, int i = 0) : type(t), index(i) {}
+  Device(std::string_view spec);  // NOLINT: "cpu", "cpu:1", "cuda:0", "meta", "meta:1"
   Device(const char* spec) : Device(std::string_view(spec)) {}  // NOLINT
 
   bool is_cpu() const { return type == DeviceType::cpu; }

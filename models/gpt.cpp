@@ -205,10 +205,15 @@ Block::Block(const GPTConfig& cfg, int64_t layer, const InitOptions& init) : Una
   mlp = register_module("mlp", std::make_shared<MLP>(cfg, layer, init));
 }
 
+// Note [Residual stream across devices]: the sublayers are called as (*m)(x), which moves x to
+// the device a placed module runs on (parallel/placement.h); each sum then happens on its
+// branch's device, so the residual stream follows the branches. On one device to() is a no-op.
 Tensor Block::forward(const Tensor& x) {
   auto scope = forward_scope();
-  Tensor h = add(x, attn->forward(ln_1->forward(x)));
-  return add(h, mlp->forward(ln_2->forward(h)));
+  Tensor a = (*attn)((*ln_1)(x));
+  Tensor h = add(mg::to(x, a.device()), a);
+  Tensor m = (*mlp)((*ln_2)(h));
+  return add(mg::to(h, m.device()), m);
 }
 
 Tensor Block::forward_cached(const Tensor& x, const Tensor& k_cache, const Tensor& v_cache, int64_t pos) {
@@ -237,7 +242,8 @@ GPT::GPT(GPTConfig cfg, InitOptions init) : Module("GPT"), cfg_(cfg) {
 Tensor GPT::embed(const Tensor& idx, int64_t pos0) {
   const int64_t T = idx.size(1);
   Tensor pos = arange(double(pos0), double(pos0 + T), 1.0, {.dtype = DType::i64, .device = idx.device()});  // (T)
-  Tensor x = add(wte->forward(idx), wpe->forward(pos));  // (B, T, C) + (T, C)
+  Tensor tok = (*wte)(idx);                    // (B, T, C)
+  Tensor x = add(tok, mg::to((*wpe)(pos), tok.device()));  // + (T, C), on wte's device when split
   return drop->forward(x);
 }
 
@@ -252,12 +258,13 @@ Tensor GPT::forward_hidden(const Tensor& idx) {
   MG_CHECK(idx.device() == wte->weight.device(), "GPT: token ids are on ", idx.device().str(),
            " but the model is on ", wte->weight.device().str(), " (move them with mg::to)");
   Tensor x = embed(idx, 0);
-  // The blocks under the checkpoint policy (autograd/checkpoint.h: checkpoint_sequential).
+  // The blocks under the checkpoint policy (autograd/checkpoint.h: checkpoint_sequential),
+  // called as (*block)(t), which moves t to a placed block's device (parallel/placement.h).
   std::vector<BlockFn> blocks;
   for (size_t l = 0; l < h->size(); ++l)
-    blocks.push_back([block = h->at<Block>(l)](const Tensor& t) { return block->forward(t); });
+    blocks.push_back([block = h->at<Block>(l)](const Tensor& t) { return (*block)(t); });
   x = checkpoint_sequential(blocks, checkpoint_, x);  // (B, T, C)
-  return ln_f->forward(x);                             // (B, T, C)
+  return (*ln_f)(x);                                   // (B, T, C)
 }
 
 // The output projection is tied to wte; only its first V rows are used, so the logits have the
@@ -266,9 +273,20 @@ static Tensor output_weight(const Embedding& wte, int64_t V) {
   return wte.num_embeddings == V ? wte.weight : narrow(wte.weight, 0, 0, V);  // (V, C)
 }
 
-Tensor GPT::forward(const Tensor& idx) {
-  Tensor x = forward_hidden(idx);
-  return linear(x, output_weight(*wte, cfg_.vocab_size));  // (B, T, V)
+Tensor GPT::logits(const Tensor& hidden) {
+  // The head is wte: split over devices, the hidden states go back to wte's device.
+  return linear(mg::to(hidden, wte->weight.device()), output_weight(*wte, cfg_.vocab_size));  // (B, T, V)
+}
+
+Tensor GPT::forward(const Tensor& idx) { return logits(forward_hidden(idx)); }
+
+Tensor GPT::loss_from_hidden(const Tensor& hidden, const Tensor& targets) {
+  Tensor lg = logits(hidden);  // (B, T, V)
+  const int64_t BT = lg.size(0) * lg.size(1);
+  MG_CHECK(targets.defined() && targets.numel() == BT, "GPT.loss: targets ",
+           targets.defined() ? shape_str(targets.shape()) : std::string("(undefined)"), " do not match the logits ",
+           lg.shape());
+  return cross_entropy(reshape(lg, {BT, cfg_.vocab_size}), reshape(targets, {BT}), kIgnoreIndex);
 }
 
 Tensor GPT::last_logits(const Tensor& hidden) {
@@ -280,9 +298,7 @@ Tensor GPT::loss(const Tensor& idx, const Tensor& targets) {
   MG_CHECK(targets.defined() && targets.shape() == idx.shape(), "GPT.loss: targets ",
            targets.defined() ? shape_str(targets.shape()) : std::string("(undefined)"), " must have the shape of idx ",
            idx.shape());
-  Tensor logits = forward(idx);  // (B, T, V)
-  const int64_t BT = idx.size(0) * idx.size(1);
-  return cross_entropy(reshape(logits, {BT, cfg_.vocab_size}), reshape(targets, {BT}), kIgnoreIndex);
+  return loss_from_hidden(forward_hidden(idx), targets);
 }
 
 void GPT::set_checkpoint(CheckpointPolicy policy) {

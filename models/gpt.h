@@ -116,6 +116,13 @@ class GPT : public Module {
   Tensor loss(const Tensor& idx, const Tensor& targets);
   // The hidden states before the output projection: (B, T) -> ln_f output (B, T, C).
   Tensor forward_hidden(const Tensor& idx);
+  // The pieces of forward, for a pipeline that runs them stage by stage (parallel/pipeline.h):
+  // embeddings + dropout (B, T) -> (B, T, C) at positions pos0...; the tied output projection
+  // hidden (B, T, C) -> logits (B, T, V), computed on wte's device (the head is wte); and the
+  // mean cross-entropy of logits(hidden) against targets (B, T) (on wte's device too).
+  Tensor embed(const Tensor& idx, int64_t pos0);
+  Tensor logits(const Tensor& hidden);
+  Tensor loss_from_hidden(const Tensor& hidden, const Tensor& targets);
   // prompt followed by max_new_tokens sampled tokens (the prompt included in the result). With
   // the KV cache each new token costs one position's forward; once the sequence outgrows the
   // context the learned positions shift, so the cache cannot be reused and every further token
@@ -145,7 +152,6 @@ class GPT : public Module {
  private:
   // Logits of the last position only: (1, T) -> (V) (what sampling needs).
   Tensor last_logits(const Tensor& hidden);
-  Tensor embed(const Tensor& idx, int64_t pos0);  // (B, T) -> (B, T, C) at positions pos0...
   GPTConfig cfg_;
   CheckpointPolicy checkpoint_;
 };

@@ -91,6 +91,9 @@ std::vector<int64_t> GPT::generate(const std::vector<int64_t>& prompt, int64_t m
              " is outside the vocabulary [0, ", cfg_.vocab_size, ")");
   const Device device = wte->weight.device();
   MG_CHECK(!device.is_meta(), op, ": the model is on the meta device, which holds no values to sample from");
+  for (const auto& [name, p] : named_parameters())
+    MG_CHECK(p.device() == device, op, ": the model is split over devices (", name, " on ", p.device().str(), ", wte on ",
+             device.str(), "); the KV cache needs one device: move the model with to(device) first");
 
   NoGradGuard no_grad;
   EvalGuard eval_mode(*this);  // no dropout while sampling

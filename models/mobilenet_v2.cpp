@@ -230,11 +230,11 @@ Tensor MobileNetV2::forward(const Tensor& x) {
   const Sequential& fs = *features;
   std::vector<BlockFn> blocks;
   for (size_t i = 1; i + 1 < fs.size(); ++i)
-    blocks.push_back([block = fs[i]](const Tensor& t) { return block->forward(t); });
-  Tensor f = fs[0]->forward(x);                      // stem
+    blocks.push_back([block = fs[i]](const Tensor& t) { return (*block)(t); });
+  Tensor f = (*fs[0])(x);                            // stem; (*m)(x) moves x to a placed block
   f = checkpoint_sequential(blocks, checkpoint_, f);
-  f = fs[fs.size() - 1]->forward(f);                 // (N, 1280, H', W')
-  return classifier->forward(global_avg_pool2d(f));  // (N, 1280) -> (N, classes)
+  f = (*fs[fs.size() - 1])(f);                       // (N, 1280, H', W')
+  return (*classifier)(global_avg_pool2d(f));        // (N, 1280) -> (N, classes)
 }
 
 std::string MobileNetV2::torchvision_name(const std::string& name) {

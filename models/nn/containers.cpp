@@ -15,7 +15,7 @@ const std::shared_ptr<UnaryModule>& Sequential::operator[](size_t i) const {
 Tensor Sequential::forward(const Tensor& x) {
   auto scope = forward_scope();
   Tensor h = x;
-  for (auto& layer : layers_) h = layer->forward(h);
+  for (auto& layer : layers_) h = (*layer)(h);  // operator(): moves h where a placed layer runs
   return h;
 }
 

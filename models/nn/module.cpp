@@ -248,6 +248,11 @@ LoadResult Module::load(const std::string& path, bool strict) {
   return load_state_dict(load_safetensors(path, device), strict);
 }
 
+Tensor Module::to_input_device(const Tensor& x) const {
+  if (!input_device_ || !x.defined() || x.device() == *input_device_) return x;
+  return mg::to(x, *input_device_);
+}
+
 void Module::zero_grad() {
   for (auto& [_, p] : named_parameters()) p.set_grad(Tensor());
 }

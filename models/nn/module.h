@@ -115,6 +115,13 @@ class Module {
   // Elements over all (distinct) parameters.
   int64_t num_parameters() const;
 
+  // Model parallelism (parallel/placement.h): the device this module runs on. An owner that calls
+  // it through UnaryModule::operator() has the input moved there first (a differentiable to(),
+  // so the gradient crosses back); unset (the default), the input stays where it is.
+  void set_input_device(std::optional<Device> d) { input_device_ = d; }
+  const std::optional<Device>& input_device() const { return input_device_; }
+  Tensor to_input_device(const Tensor& x) const;
+
   // Call at the start of forward: `auto scope = forward_scope();` so the profiler sees the module
   // path ("h.0.attn") of every allocation made inside. (Public so an owner that runs a
   // container's children itself, as checkpointing does, can push the container's name.)
@@ -139,17 +146,19 @@ class Module {
   std::string type_name_;
   std::string name_;
   std::string scope_name_;
+  std::optional<Device> input_device_;
   NamedTensors params_;
   NamedTensors buffers_;
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
 };
 
-// A module with one tensor in and one tensor out: what Sequential chains.
+// A module with one tensor in and one tensor out: what Sequential chains. Owners call it as
+// (*m)(x), which first moves x to the module's input_device() when one is set (model parallelism).
 class UnaryModule : public Module {
  public:
   using Module::Module;
   virtual Tensor forward(const Tensor& x) = 0;
-  Tensor operator()(const Tensor& x) { return forward(x); }
+  Tensor operator()(const Tensor& x) { return forward(to_input_device(x)); }
 };
 
 // Evaluation mode for a scope: the module's train/eval flag comes back when the guard ends.
