@@ -2,15 +2,21 @@
 // requantized to f32 with a per-row scale and bias) against the f32 GEMM mg::matmul uses
 // (cpu_gemm) on the same shapes: square n x n and MobileNetV2-32's pointwise convolutions at batch
 // 64 (M = Cout, K = Cin, N = 64 * H * W). Both report GFLOP/s-equivalent (2 M N K per call); the
-// context line names the CPU and the int8 path compiled in.
-// Run: OMP_NUM_THREADS=2 build/release/bench/bench_int8_gemm --benchmark_min_time=0.3
+// context line names the CPU and the int8 path compiled in. Then whole-model inference:
+// mobilenetv2-32 at batch 64 in eval mode, fp32 (BatchNorm folded, the same f32 math) against the
+// PTQ int8 model (calibrated on two random batches), images/s.
+// Run: OMP_NUM_THREADS=1 build/release/bench/bench_int8_gemm --benchmark_min_time=0.3 (one thread: the
+// numbers in docs/TECHNIQUES.md; more threads on a shared machine measure the neighbours)
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
 #include <fstream>
 #include <string>
 
+#include "autograd/grad_mode.h"
 #include "core/rng.h"
+#include "models/compress/quant_convert.h"
+#include "models/mobilenet_v2.h"
 #include "core/tensor.h"
 #include "ops/cpu_gemm.h"
 #include "ops/int8_gemm.h"
@@ -69,11 +75,34 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->Args({384, 64 * 8 * 8, 64});
   b->Args({960, 64 * 4 * 4, 160});
   b->Args({1280, 64 * 4 * 4, 320});
-  b->Unit(benchmark::kMillisecond);
+  b->Unit(benchmark::kMillisecond)->UseRealTime();  // rates over wall time (the work is on OpenMP threads)
 }
 
 BENCHMARK(BM_F32Gemm)->Apply(shapes);
 BENCHMARK(BM_Int8Gemm)->Apply(shapes);
+
+// arg 0: fp32 with BatchNorm folded; 1: int8 PTQ (minmax observer).
+void BM_MobileNetV2_32(benchmark::State& state) {
+  mg::NoGradGuard ng;
+  mg::Generator g(1);
+  auto net = std::make_shared<mg::MobileNetV2>(mg::MobileNetV2Config::named("mobilenetv2-32"), mg::InitOptions{.gen = &g});
+  net->eval();
+  mg::fold_batch_norms(*net);
+  if (state.range(0) == 1) {
+    mg::prepare_ptq(*net, {});
+    for (uint64_t s : {7, 8}) (*net)(random_f32(64 * 3, 32 * 32, s, -1, 1).as_strided({64, 3, 32, 32}, {3072, 1024, 32, 1}, 0));
+    mg::convert_ptq(*net);
+  }
+  mg::Tensor x = random_f32(64 * 3, 32 * 32, 3, -1, 1).as_strided({64, 3, 32, 32}, {3072, 1024, 32, 1}, 0);
+  for (auto _ : state) {
+    mg::Tensor y = (*net)(x);
+    benchmark::DoNotOptimize(y.data_ptr());
+  }
+  state.counters["images/s"] = benchmark::Counter(64.0 * double(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["weight_bytes"] = double(mg::weight_bytes(*net));
+  state.SetLabel(state.range(0) == 1 ? "int8" : "fp32");
+}
+BENCHMARK(BM_MobileNetV2_32)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 std::string cpu_model() {
   std::ifstream f("/proc/cpuinfo");

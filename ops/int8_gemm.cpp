@@ -2,7 +2,7 @@
 // one register-blocked micro-kernel per path (kMR rows x kNR columns of int32 accumulators), and
 // the epilogue (zero-point correction, requantization to f32 with fma, clamp). Tiles of C are
 // independent and each is summed in k order, so the result does not depend on the thread count.
-// Path layout: A tiles [K/kG][kMR][kG] (repacked per block of columns from the row-major weight),
+// Path layout: A tiles [M/kMR][K/kG][kMR][kG] (repacked from the row-major weight once per call),
 // B panels [N/kNR][K/kG][kNR][kG]; kG consecutive k values sit together because vpdpbusd sums 4
 // byte products and vpmaddwd 2 word products per lane.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
@@ -194,74 +194,102 @@ float requant(int32_t c, float scale, float bias, float lo, float hi) {
   return std::min(std::max(std::fma(float(c), scale, bias), lo), hi);
 }
 
-// Writes rows [m0, m0 + rows) x columns [n0, n0 + cols) of C from the raw tile `acc`.
+// Writes rows [m0, m0 + rows) x columns [n0, n0 + cols) of C from the raw tile `acc`. Column n's
+// place (n / group, n % group) is stepped along, not divided out per element.
 void epilogue(const Int8PackedA& a, const int32_t* acc, int64_t m0, int64_t rows, int64_t n0, int64_t cols,
               int32_t b_zero, const Int8GemmOut& out) {
   const int32_t* sums = a.row_sums.data<int32_t>();
   const Int8Layout& L = out.layout;
+  const int64_t g0 = n0 / L.group, p0 = n0 % L.group;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t m = m0 + r;
     const int32_t corr = b_zero * sums[m];
     const int32_t* row = acc + r * kNR;
+    const int64_t base = m * L.row_stride;
+    int64_t g = g0, p = p0, j = 0;
     if (out.i32) {
-      for (int64_t j = 0; j < cols; ++j) out.i32[L.offset(m, n0 + j)] = row[j] - corr;
+      for (; j < cols; ++j) {
+        out.i32[base + g * L.group_stride + p * L.col_stride] = row[j] - corr;
+        if (++p == L.group) p = 0, ++g;
+      }
       continue;
     }
     const float s = out.row_scale[m], b = out.bias ? out.bias[m] : 0.f;
-    int64_t j = 0;
 #if defined(__AVX2__) && defined(__FMA__)
     const __m256i vc = _mm256_set1_epi32(corr);
     const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b), lo = _mm256_set1_ps(out.clamp_lo),
                  hi = _mm256_set1_ps(out.clamp_hi);
-    for (; j + 8 <= cols; j += 8) {
-      const int64_t n = n0 + j;
-      if (L.col_stride != 1 || n / L.group != (n + 7) / L.group) break;
-      const __m256i c = _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + j)), vc);
-      __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), vs, vb);
-      v = _mm256_min_ps(_mm256_max_ps(v, lo), hi);
-      _mm256_storeu_ps(out.f32 + L.offset(m, n), v);
-    }
 #endif
-    for (; j < cols; ++j) out.f32[L.offset(m, n0 + j)] = requant(row[j] - corr, s, b, out.clamp_lo, out.clamp_hi);
+    while (j < cols) {
+      float* dst = out.f32 + base + g * L.group_stride + p * L.col_stride;
+#if defined(__AVX2__) && defined(__FMA__)
+      if (L.col_stride == 1 && j + 8 <= cols && p + 8 <= L.group) {  // 8 contiguous outputs
+        const __m256i c = _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + j)), vc);
+        const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), vs, vb);
+        _mm256_storeu_ps(dst, _mm256_min_ps(_mm256_max_ps(v, lo), hi));
+        j += 8;
+        p += 8;
+        if (p == L.group) p = 0, ++g;
+        continue;
+      }
+#endif
+      *dst = requant(row[j] - corr, s, b, out.clamp_lo, out.clamp_hi);
+      ++j;
+      if (++p == L.group) p = 0, ++g;
+    }
   }
 }
 
-// The kMR rows [m0, m0 + kMR) of A in the tile layout (rows past M and k past K are zero).
-void pack_a_tile(const int8_t* a, int64_t M, int64_t K, int64_t kg, int64_t m0, AElem* tile) {
-  for (int64_t kk = 0; kk < kg; ++kk)
-    for (int64_t r = 0; r < kMR; ++r)
-      for (int64_t g = 0; g < kG; ++g) {
-        const int64_t m = m0 + r, k = kk * kG + g;
-        tile[(kk * kMR + r) * kG + g] = (m < M && k < K) ? AElem(a[m * K + k]) : AElem(0);
+// A (M, K) row-major -> tiles [M/kMR][K/kG][kMR][kG] (rows past M and k past K zero), once per call.
+void pack_a(const int8_t* a, int64_t M, int64_t K, AElem* dst) {
+  const int64_t kg = round_up(K, kG) / kG, mt = round_up(M, kMR) / kMR, full = K / kG;
+  parallel_for(0, mt, 4, [&](int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; ++q) {
+      AElem* tile = dst + q * kg * kMR * kG;
+      for (int64_t r = 0; r < kMR; ++r) {
+        const int64_t m = q * kMR + r;
+        if (m >= M) {
+          for (int64_t kk = 0; kk < kg; ++kk)
+            for (int64_t g = 0; g < kG; ++g) tile[(kk * kMR + r) * kG + g] = 0;
+          continue;
+        }
+        const int8_t* row = a + m * K;
+        for (int64_t kk = 0; kk < full; ++kk)
+          for (int64_t g = 0; g < kG; ++g) tile[(kk * kMR + r) * kG + g] = AElem(row[kk * kG + g]);
+        for (int64_t kk = full; kk < kg; ++kk)
+          for (int64_t g = 0; g < kG; ++g) {
+            const int64_t k = kk * kG + g;
+            tile[(kk * kMR + r) * kG + g] = k < K ? AElem(row[k]) : AElem(0);
+          }
       }
+    }
+  });
 }
 
 void run_gemm(const Int8PackedA& a, int64_t N, const Tensor& packed_b, int32_t b_zero, const Int8GemmOut& out) {
   const int64_t M = a.M, kg = round_up(a.K, kG) / kG;
   const int64_t mt = round_up(M, kMR) / kMR, nt = round_up(N, kNR) / kNR;
-  const int8_t* ap = a.data.data<int8_t>();
+  const Device dev = packed_b.device();
+  Tensor packed_a;
+  {
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    packed_a = empty({mt * kg * kMR * kG * int64_t(sizeof(AElem)) + 1}, {.dtype = DType::u8, .device = dev});
+  }
+  AElem* ap = reinterpret_cast<AElem*>(packed_a.data_ptr());
+  pack_a(a.data.data<int8_t>(), M, a.K, ap);
   const BElem* bp = static_cast<const BElem*>(packed_b.data_ptr());
-  // Blocks of panels whose packed B (~128 KiB) stays in L2 while every A tile passes over it; each
-  // A tile is repacked once per block (M*K work against M*K*block columns of products).
+  // Blocks of panels whose packed B (~128 KiB) stays in L2 while every A tile passes over it.
   const int64_t panel_bytes = std::max<int64_t>(kg * kNR * kG * int64_t(sizeof(BElem)), 1);
   const int64_t block = std::max<int64_t>(1, (int64_t(128) << 10) / panel_bytes);
   const int64_t blocks = (nt + block - 1) / block;
-  const Device dev = packed_b.device();
-  const char* op = current_op_name();
   parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
-    MemoryCategoryGuard ws(MemoryCategory::workspace);  // thread-local: set on the worker too
-    OpNameGuard name(op);
-    Tensor tile_buf = empty({kg * kMR * kG * int64_t(sizeof(AElem)) + 1}, {.dtype = DType::u8, .device = dev});
-    AElem* tile = reinterpret_cast<AElem*>(tile_buf.data_ptr());
     alignas(64) int32_t acc[kMR * kNR];
     for (int64_t blk = b0; blk < b1; ++blk)
-      for (int64_t q = 0; q < mt; ++q) {
-        pack_a_tile(ap, M, a.K, kg, q * kMR, tile);
+      for (int64_t q = 0; q < mt; ++q)
         for (int64_t p = blk * block; p < std::min(nt, (blk + 1) * block); ++p) {
-          micro_kernel(tile, bp + p * kg * kNR * kG, kg, acc);
+          micro_kernel(ap + q * kg * kMR * kG, bp + p * kg * kNR * kG, kg, acc);
           epilogue(a, acc, q * kMR, std::min(kMR, M - q * kMR), p * kNR, std::min(kNR, N - p * kNR), b_zero, out);
         }
-      }
   });
 }
 

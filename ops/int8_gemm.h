@@ -34,7 +34,7 @@ struct Int8Layout {
 };
 
 // A (M, K) s8 as the GEMM takes it: the weight tensor itself (row-major, no second copy: the
-// kernel repacks kMR rows at a time into a small per-thread tile) and its row sums, which fold
+// GEMM repacks it into its tile layout, workspace, once per call) and its row sums, which fold
 // B's zero point in. row_sums comes from the allocator under the current category.
 struct Int8PackedA {
   Tensor data;      // (M, K) i8 contiguous, an alias of the argument of int8_pack_a
