@@ -8,7 +8,7 @@
 #include "apps/commands.h"
 #include "apps/quantize.h"
 #include "apps/run_dir.h"
-#include "apps/train_common.h"
+#include "apps/run_setup.h"
 #include "apps/vision_train.h"
 #include "autograd/grad_mode.h"
 #include "data/data_loader.h"
