@@ -7,6 +7,7 @@
 #include <set>
 
 #include "autograd/grad_mode.h"
+#include "models/mobilenet_v2.h"
 #include "ops/ops.h"
 
 namespace mg {
@@ -109,7 +110,20 @@ Tensor CalibrationProbe::forward(const Tensor& x) {
 int64_t fold_batch_norms(Module& root) {
   int64_t n = 0;
   for (auto& [name, s] : sequentials(root))
-    for (size_t i = 0; i + 1 < s->size(); ++i) {
+    for (size_t i = 0; i < s->size(); ++i) {
+      // MobileNetV2's conv-BN-ReLU6 unit (typed members) becomes a Sequential of the folded conv,
+      // the absorbed BatchNorm and its ReLU6, so the later passes find its layers like any other.
+      auto* unit = dynamic_cast<ConvBNReLU6*>((*s)[i].get());
+      if (unit) {
+        auto seq = std::make_shared<Sequential>();
+        seq->push_back(fold(*unit->conv, *unit->bn));
+        seq->push_back(std::make_shared<Absorbed>("FoldedBatchNorm"));
+        seq->push_back(unit->act);
+        s->replace(i, seq);
+        ++n;
+        continue;
+      }
+      if (i + 1 >= s->size()) continue;
       auto* conv = dynamic_cast<Conv2d*>((*s)[i].get());
       auto* bn = dynamic_cast<BatchNorm2d*>((*s)[i + 1].get());
       if (!conv || !bn) continue;
@@ -121,13 +135,14 @@ int64_t fold_batch_norms(Module& root) {
 }
 
 int64_t prepare_ptq(Module& root, ObserverOptions opt) {
+  for (auto& [name, m] : root.named_modules())
+    MG_CHECK(!dynamic_cast<BatchNorm2d*>(m), "prepare_ptq: layer '", name,
+             "' is a BatchNorm2d; call fold_batch_norms first (int8 layers take the folded conv)");
   int64_t n = 0;
   for (auto& [name, s] : sequentials(root))
     for (size_t i = 0; i < s->size(); ++i) {
       std::shared_ptr<UnaryModule> layer = (*s)[i];
       auto* c = dynamic_cast<Conv2d*>(layer.get());
-      MG_CHECK(!dynamic_cast<BatchNorm2d*>(layer.get()) || i == 0 || !dynamic_cast<Conv2d*>((*s)[i - 1].get()),
-               "prepare_ptq: layer '", child_path(name, i), "' is a BatchNorm2d after a conv; call fold_batch_norms first");
       const bool linear = dynamic_cast<Linear*>(layer.get()) && layer->type_name() == "Linear";
       if (!(c && Int8Conv2d::supports(*c)) && !linear) continue;
       s->replace(i, std::make_shared<CalibrationProbe>(layer, opt));

@@ -1,5 +1,6 @@
 // Post-training quantization passes over a model's module tree:
-// 1. fold_batch_norms: every Conv2d followed by a BatchNorm2d in a Sequential becomes one Conv2d
+// 1. fold_batch_norms: every Conv2d followed by a BatchNorm2d in a Sequential (or in MobileNetV2's
+//    ConvBNReLU6 unit, which becomes a Sequential) becomes one Conv2d
 //    with bias (eval statistics: w' = w * g / sqrt(v + eps), b' = (b - mean) * g / sqrt(v + eps) + beta).
 // 2. prepare_ptq: each 1x1 conv and each Linear in a Sequential is wrapped in a CalibrationProbe
 //    whose observer records the layer's input range while the caller runs calibration batches.
