@@ -28,6 +28,8 @@ void add_bench_command(CLI::App& app);
 void add_prune_command(CLI::App& app);
 // `memgrad report RUN_DIR`: peak memory per device and category, largest tensors at the peak, its phase.
 void add_report_command(CLI::App& app);
+// `memgrad quantize`: post-training int8 quantization of a run, int8 vs fp32 (apps/quantize_command.cpp).
+void add_quantize_command(CLI::App& app);
 // The text `memgrad report` prints (apps/report_command.cpp); throws naming memory.json when it is
 // missing or malformed.
 std::string memory_report(const std::string& run_dir, size_t top = 10);

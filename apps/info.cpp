@@ -1,5 +1,5 @@
 // `memgrad info`: how this memgrad was built (version, build type, compiler, CUDA, -march,
-// sanitizers, the SIMD extensions the kernels were compiled for, the GEMM library, OpenMP
+// sanitizers, the SIMD extensions the kernels were compiled for, the GEMM library and int8 path, OpenMP
 // threads) and the devices it can use, with each active device's memory pool statistics and
 // limit. The first thing to paste into a bug report or next to a benchmark number.
 #include <CLI/CLI.hpp>
@@ -20,6 +20,7 @@
 #include "core/device.h"
 #include "core/parallel.h"
 #include "ops/cpu_gemm.h"
+#include "ops/int8_gemm.h"
 
 namespace mg {
 namespace {
@@ -113,6 +114,7 @@ void print_info() {
   row("Eigen", std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
                    std::to_string(EIGEN_MINOR_VERSION));
   row("CPU GEMM", cpu_gemm_backend());
+  row("int8 GEMM", int8_gemm_path());
   row("OpenBLAS", openblas_get_config());
   row("threads", std::to_string(num_threads()) + " OpenMP threads (of " +
                      std::to_string(std::thread::hardware_concurrency()) +

@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   mg::add_bench_command(app);
   mg::add_prune_command(app);
   mg::add_report_command(app);
+  mg::add_quantize_command(app);
 
   try {
     // Subcommand callbacks run inside parse(), so their errors land in the handlers below.

@@ -72,6 +72,12 @@ const ParamState* Optimizer::state(const std::string& name) const {
   return it == state_.end() ? nullptr : &it->second;
 }
 
+std::vector<Optimizer::StateSpec> Optimizer::state_specs(const Tensor& param) const {
+  std::vector<StateSpec> specs;
+  for (const auto& n : state_names()) specs.push_back({n, param.shape(), state_dtype(param.dtype())});
+  return specs;
+}
+
 ParamState& Optimizer::state_for(const Tensor& param, const std::string& name) {
   auto it = state_.find(name);
   if (it != state_.end()) return it->second;
@@ -79,7 +85,8 @@ ParamState& Optimizer::state_for(const Tensor& param, const std::string& name) {
   MemoryCategoryGuard guard(MemoryCategory::optimizer_state);
   ParamState s;
   const TensorOptions opt{.dtype = state_dtype(param.dtype()), .device = param.device()};
-  for (const auto& sn : state_names()) s.tensors.emplace_back(sn, zeros(param.shape(), opt));
+  for (const auto& spec : state_specs(param))
+    s.tensors.emplace_back(spec.name, zeros(spec.shape, {.dtype = spec.dtype, .device = param.device()}));
   if (needs_master(param.dtype())) {
     s.master = empty(param.shape(), opt);
     copy_(s.master, param);
@@ -181,7 +188,6 @@ void Optimizer::load_state_dict(const NamedTensors& state, const std::map<std::s
   std::map<std::string, Tensor> params;
   for (const auto& g : groups_)
     for (const auto& [n, p] : g.params) params.emplace(n, p);
-  const std::vector<std::string> names = state_names();
   std::map<std::string, ParamState> fresh;
   for (const auto& [key, t] : state) {
     size_t dot = key.rfind('.');
@@ -197,18 +203,20 @@ void Optimizer::load_state_dict(const NamedTensors& state, const std::map<std::s
       continue;
     }
     const bool is_master = field == "master";
-    const bool known = is_master ? needs_master(p.dtype())
-                                 : std::find(names.begin(), names.end(), field) != names.end();
+    const std::vector<StateSpec> specs = state_specs(p);
+    auto spec = std::find_if(specs.begin(), specs.end(), [&](const StateSpec& sp) { return sp.name == field; });
+    const bool known = is_master ? needs_master(p.dtype()) : spec != specs.end();
     MG_CHECK(known, where, "key '", key, "': '", field, "' is not a state of ", type_name_, " for a ", p.dtype(),
-             " parameter");
-    const DType want = state_dtype(p.dtype());
-    MG_CHECK(t.shape() == p.shape() && t.dtype() == want, where, "key '", key, "': ", shape_str(t.shape()), " ",
-             t.dtype(), " in the state vs ", shape_str(p.shape()), " ", want, " expected");
+             " parameter of shape ", shape_str(p.shape()));
+    const DType want = is_master ? state_dtype(p.dtype()) : spec->dtype;
+    const Shape want_shape = is_master ? p.shape() : spec->shape;
+    MG_CHECK(t.shape() == want_shape && t.dtype() == want, where, "key '", key, "': ", shape_str(t.shape()), " ",
+             t.dtype(), " in the state vs ", shape_str(want_shape), " ", want, " expected");
     // Use the loaded tensor as the state when it already lives where the state must; else copy.
     Tensor dst = t;
     if (t.device() != p.device() || !t.is_contiguous() || t.storage()->category() != MemoryCategory::optimizer_state) {
       MemoryCategoryGuard guard(MemoryCategory::optimizer_state);
-      dst = empty(p.shape(), {.dtype = want, .device = p.device()});
+      dst = empty(want_shape, {.dtype = want, .device = p.device()});
       copy_(dst, t.device() == p.device() || t.is_contiguous() ? t : contiguous(t));
     }
     if (is_master) s.master = dst;
@@ -216,6 +224,8 @@ void Optimizer::load_state_dict(const NamedTensors& state, const std::map<std::s
   }
   // Complete entries only, with the tensors in state_names() order.
   for (auto& [pname, s] : fresh) {
+    std::vector<std::string> names;
+    for (const auto& sp : state_specs(params.at(pname))) names.push_back(sp.name);
     MG_CHECK(s.tensors.size() == names.size() && s.master.defined() == needs_master(params.at(pname).dtype()),
              where, "the state of '", pname, "' is incomplete (", s.tensors.size(), " of ", names.size(),
              " tensors", needs_master(params.at(pname).dtype()) && !s.master.defined() ? ", no master copy" : "", ")");

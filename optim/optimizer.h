@@ -34,8 +34,9 @@ struct ParamGroup {
 // it holds for any model without naming its layers. Empty groups are left out.
 std::vector<ParamGroup> weight_decay_groups(const NamedTensors& params, double lr, double weight_decay);
 
-// One parameter's state: its step count and the optimizer's tensors, all of the parameter's
-// shape, in the compute dtype (f64 for f64 parameters, f32 otherwise).
+// One parameter's state: its step count and the optimizer's tensors (by default all of the
+// parameter's shape, in the compute dtype: f64 for f64 parameters, f32 otherwise; an optimizer
+// with another layout, e.g. AdamW8bit's quantized blocks, says so in state_specs).
 struct ParamState {
   int64_t step = 0;
   NamedTensors tensors;  // in the order of Optimizer::state_names()
@@ -89,6 +90,15 @@ class Optimizer {
  protected:
   // The per-parameter state tensors this optimizer keeps ("exp_avg", ...); at most kMaxStates.
   virtual std::vector<std::string> state_names() const = 0;
+  // Name, shape and dtype of each state tensor of `param`, in order; created as zeros at the
+  // first step and checked on load. Default: state_names(), each of param's shape in the
+  // compute dtype.
+  struct StateSpec {
+    std::string name;
+    Shape shape;
+    DType dtype;
+  };
+  virtual std::vector<StateSpec> state_specs(const Tensor& param) const;
   // One parameter's update; s.step has already been incremented. Implementations call
   // for_each_chunk with their element-wise kernel.
   virtual void update(const ParamGroup& group, const Tensor& param, const Tensor& grad, ParamState& s) = 0;

@@ -12,6 +12,12 @@ const std::shared_ptr<UnaryModule>& Sequential::operator[](size_t i) const {
   return layers_[i];
 }
 
+void Sequential::replace(size_t i, std::shared_ptr<UnaryModule> m) {
+  MG_CHECK(i < layers_.size(), "Sequential::replace: index ", i, " out of range for ", layers_.size(), " layers");
+  replace_child(std::to_string(i), m);
+  layers_[i] = std::move(m);
+}
+
 Tensor Sequential::forward(const Tensor& x) {
   auto scope = forward_scope();
   Tensor h = x;

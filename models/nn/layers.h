@@ -20,6 +20,11 @@ class Linear : public UnaryModule {
   int64_t in_features, out_features;
   Tensor weight;  // (out, in)
   Tensor bias;    // (out), undefined without bias
+
+ protected:
+  // For subclasses that store the weight in another form (models/compress/ quantized layers):
+  // sizes only, no parameters registered.
+  Linear(std::string type_name, int64_t in_features, int64_t out_features);
 };
 
 // x: (N, Cin, H, W) -> (N, Cout, H', W'). weight (Cout, Cin/groups, K, K) and bias (Cout)
@@ -122,6 +127,8 @@ class Sequential : public UnaryModule {
   }
   size_t size() const { return layers_.size(); }
   const std::shared_ptr<UnaryModule>& operator[](size_t i) const;
+  // Swaps layer i for `m` (models/compress/: folded or quantized layers).
+  void replace(size_t i, std::shared_ptr<UnaryModule> m);
   Tensor forward(const Tensor& x) override;
 
  private:

@@ -20,6 +20,12 @@ Linear::Linear(int64_t in, int64_t out, bool with_bias, const InitOptions& init)
   }
 }
 
+Linear::Linear(std::string type_name, int64_t in, int64_t out)
+    : UnaryModule(std::move(type_name)), in_features(in), out_features(out) {
+  MG_CHECK(in > 0 && out > 0, this->type_name(), ": sizes must be positive, got in_features ", in,
+           ", out_features ", out);
+}
+
 Tensor Linear::forward(const Tensor& x) {
   auto scope = forward_scope();
   MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features, "Linear: expected input (..., ", in_features,

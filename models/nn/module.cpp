@@ -94,6 +94,19 @@ void Module::add_child(const std::string& name, std::shared_ptr<Module> m) {
   children_.emplace_back(name, std::move(m));
 }
 
+void Module::replace_child(const std::string& name, std::shared_ptr<Module> m) {
+  MG_CHECK(m != nullptr, type_name_, ": replacement for child module '", name, "' is null");
+  MG_CHECK(m.get() != this, type_name_, ": a module cannot be its own child");
+  for (auto& [n, child] : children_) {
+    if (n != name) continue;
+    m->name_ = name;
+    m->set_scope_name(child->scope_name_);
+    child = std::move(m);
+    return;
+  }
+  MG_THROW(type_name_, ": no child module named '", name, "' to replace");
+}
+
 // Walks params (or buffers) depth-first; with dedup a tensor registered twice is listed once.
 void Module::collect(const std::string& prefix, NamedTensors& out, bool buffers, bool dedup) const {
   std::set<const TensorImpl*> seen;

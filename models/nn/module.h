@@ -83,6 +83,10 @@ class Module {
   NamedTensors named_buffers() const;
   // This module first (name ""), then every descendant with its dotted path.
   std::vector<std::pair<std::string, Module*>> named_modules();
+  // Puts `m` in place of the child registered as `name` (same position, same name): how model
+  // transformations (models/compress/) swap a layer for its quantized or folded form. Tensors
+  // only the old child held are freed when the caller drops it.
+  void replace_child(const std::string& name, std::shared_ptr<Module> m);
   // Direct children only.
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
 

@@ -1,0 +1,42 @@
+// `memgrad quantize` as a library call: post-training int8 quantization of a trained run.
+// A vision run (MobileNetV2): BatchNorm folded, activation ranges calibrated over N training
+// batches with the chosen observer, 1x1 convs and the classifier on the int8 GEMM, other convs
+// int8 weight-only. A gpt run: every block Linear int8 weight-only (no calibration needed).
+// The fp32 and int8 models are evaluated in one process (test accuracy or validation loss,
+// weight bytes, images or tokens per second) and the int8 model is written to a new run folder
+// (config.json with a "quantized" section + model.int8.safetensors, quant_format.h).
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace mg {
+
+struct QuantizeOptions {
+  std::string run{};               // a `vision train` or `gpt train` run directory
+  std::string out{};               // the new run directory (must not exist)
+  std::string mode = "ptq";        // only ptq
+  int64_t calibrate = 32;          // calibration batches (vision), >= 1
+  std::string observer = "minmax"; // minmax | ema | percentile
+  int64_t batch = 0;               // 0: the run's
+  int64_t limit_test = -1;         // vision: -1 = the run's, 0 = all test images
+  int64_t eval_windows = 32;       // gpt: validation windows
+  std::string device = "cpu:0";
+};
+
+struct QuantizeResult {
+  std::string model;               // "mobilenetv2" or "gpt"
+  std::string metric;              // "test accuracy" or "val loss"
+  double fp32_metric = 0, int8_metric = 0;
+  int64_t fp32_weight_bytes = 0, int8_weight_bytes = 0;
+  double fp32_per_s = 0, int8_per_s = 0;  // images or tokens per second (evaluation forwards)
+  int64_t examples = 0;            // test images or validation windows
+  std::string file;                // the quantized model file
+};
+
+QuantizeResult quantize_run(const QuantizeOptions& options);
+
+// The config.json key that marks a quantized run, and the file it names.
+inline constexpr const char* kQuantizedConfigKey = "quantized";
+inline constexpr const char* kQuantizedModelFile = "model.int8.safetensors";
+
+}  // namespace mg

@@ -1,0 +1,49 @@
+// Post-training quantization passes over a model's module tree:
+// 1. fold_batch_norms: every Conv2d followed by a BatchNorm2d in a Sequential (or in MobileNetV2's
+//    ConvBNReLU6 unit, which becomes a Sequential) becomes one Conv2d
+//    with bias (eval statistics: w' = w * g / sqrt(v + eps), b' = (b - mean) * g / sqrt(v + eps) + beta).
+// 2. prepare_ptq: each 1x1 conv and each Linear in a Sequential is wrapped in a CalibrationProbe
+//    whose observer records the layer's input range while the caller runs calibration batches.
+// 3. convert_ptq: probes become Int8Conv2d / Int8Linear (a following ReLU6 fused into the clamp),
+//    every other Conv2d becomes Int8WeightOnlyConv2d.
+// GPT: quantize_gpt_weight_only swaps every Linear of every block for an Int8WeightOnlyLinear.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "models/compress/quant_modules.h"
+#include "models/compress/quant_observer.h"
+#include "models/gpt.h"
+
+namespace mg {
+
+// Runs the observer over x, then the wrapped layer.
+class CalibrationProbe : public UnaryModule {
+ public:
+  CalibrationProbe(std::shared_ptr<UnaryModule> inner, ObserverOptions opt);
+  Tensor forward(const Tensor& x) override;
+  std::shared_ptr<UnaryModule> inner;
+  Observer observer;
+};
+
+// Returns how many BatchNorms were folded. The model should be in eval mode afterwards (the
+// folded BatchNorms are gone, so training would no longer normalise).
+int64_t fold_batch_norms(Module& root);
+// Returns how many layers got a probe.
+int64_t prepare_ptq(Module& root, ObserverOptions opt);
+// Every probe must have seen at least one batch (else an error naming the layer).
+struct ConvertCounts {
+  int64_t int8 = 0, weight_only = 0, fused_relu6 = 0;
+};
+ConvertCounts convert_ptq(Module& root);
+// The structure of convert_ptq without calibration (input quantization left at scale 1, zero 0):
+// what a quantized file is loaded into (quant_format.h), applied after fold_batch_norms.
+ConvertCounts convert_ptq_structure(Module& root);
+
+// Returns how many Linears were quantized. The embeddings (and the tied output projection) stay f32.
+int64_t quantize_gpt_weight_only(GPT& model);
+
+// Bytes of every parameter and buffer (deduplicated storages): a model's weight bytes.
+int64_t weight_bytes(const Module& m);
+
+}  // namespace mg

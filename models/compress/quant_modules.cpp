@@ -1,0 +1,216 @@
+// The quantized layers' construction (quantizing a float layer, or empty for loading) and forward.
+// A full-int8 layer packs nothing ahead: the GEMM reads weight_int8 in place, and only the row
+// sums (Cout i32, parameter memory) are cached, recomputed when weight_int8's version changes
+// (a load_state_dict writes into it).
+#include "models/compress/quant_modules.h"
+
+#include <cmath>
+
+#include "autograd/grad_mode.h"
+#include "core/memory_category.h"
+#include "ops/ops.h"
+
+namespace mg {
+namespace {
+
+Tensor zeros_on(const Shape& s, DType dt, Device d) { return zeros(s, {.dtype = dt, .device = d}); }
+
+// Fresh buffers holding copies (quantize_per_channel's outputs are activation memory).
+void set_weights(Module& m, Tensor& q_member, Tensor& s_member, const QuantizedChannels& q) {
+  copy_(q_member, q.values);
+  copy_(s_member, q.scales);
+}
+
+// Per-output-channel scale of the whole product: w_scale[m] * input scale, workspace (Cout) f32.
+Tensor row_scales(const Tensor& w_scale, float in_scale) {
+  MemoryCategoryGuard ws(MemoryCategory::workspace);
+  Tensor r = empty({w_scale.size(0)}, {.device = w_scale.device()});
+  const float* s = w_scale.data<float>();
+  float* o = r.data<float>();
+  for (int64_t i = 0; i < r.numel(); ++i) o[i] = s[i] * in_scale;
+  return r;
+}
+
+Tensor dequantized(const Tensor& q, const Tensor& s) {
+  MemoryCategoryGuard ws(MemoryCategory::workspace);
+  return dequantize_per_channel(q, s);
+}
+
+void refresh_packed(const Tensor& w2d, Int8PackedA& packed, uint64_t& version, const Tensor& owner_weight) {
+  if (packed.data.defined() && version == owner_weight.version()) return;
+  MemoryCategoryGuard cat(MemoryCategory::parameter);
+  packed = int8_pack_a(w2d);
+  version = owner_weight.version();
+}
+
+}  // namespace
+
+void Int8Input::init(Module& owner, ActivationQParams q, Device device) {
+  scale = owner.register_buffer("input_scale", full({1}, q.scale, {.dtype = DType::f32, .device = device}));
+  zero_point = owner.register_buffer("input_zero_point", full({1}, q.zero_point, {.dtype = DType::i32, .device = device}));
+}
+
+ActivationQParams Int8Input::get(const char* who) const {
+  ActivationQParams q{scale.data<float>()[0], zero_point.data<int32_t>()[0]};
+  MG_CHECK(std::isfinite(q.scale) && q.scale > 0 && q.zero_point >= 0 && q.zero_point <= 255, who,
+           ": invalid input quantization (scale ", q.scale, ", zero point ", q.zero_point,
+           "): scale must be positive and finite, zero point in [0, 255]");
+  return q;
+}
+
+// ---- Int8WeightOnlyLinear -------------------------------------------------------------------
+
+Int8WeightOnlyLinear::Int8WeightOnlyLinear(int64_t in, int64_t out, bool with_bias, Device device)
+    : Linear("Int8WeightOnlyLinear", in, out) {
+  weight_int8 = register_buffer("weight_int8", zeros_on({out, in}, DType::i8, device));
+  weight_scale = register_buffer("weight_scale", full({out}, 1.0, {.device = device}));
+  if (with_bias) bias = register_buffer("bias", zeros_on({out}, DType::f32, device));
+}
+
+std::shared_ptr<Int8WeightOnlyLinear> Int8WeightOnlyLinear::from_float(const Linear& src) {
+  auto m = std::make_shared<Int8WeightOnlyLinear>(src.in_features, src.out_features, src.bias.defined(),
+                                                  src.weight.device());
+  NoGradGuard ng;
+  set_weights(*m, m->weight_int8, m->weight_scale, quantize_per_channel(src.weight));
+  if (src.bias.defined()) copy_(m->bias, src.bias);
+  return m;
+}
+
+Tensor Int8WeightOnlyLinear::forward(const Tensor& x) {
+  auto scope = forward_scope();
+  MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features, "Int8WeightOnlyLinear: expected input (..., ",
+           in_features, "), got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  Tensor w = dequantized(weight_int8, weight_scale);
+  return linear(x, w, bias);
+}
+
+// ---- Int8Linear -----------------------------------------------------------------------------
+
+Int8Linear::Int8Linear(int64_t in, int64_t out, bool with_bias, Device device) : Linear("Int8Linear", in, out) {
+  weight_int8 = register_buffer("weight_int8", zeros_on({out, in}, DType::i8, device));
+  weight_scale = register_buffer("weight_scale", full({out}, 1.0, {.device = device}));
+  if (with_bias) bias = register_buffer("bias", zeros_on({out}, DType::f32, device));
+  input.init(*this, {}, device);
+}
+
+std::shared_ptr<Int8Linear> Int8Linear::from_float(const Linear& src, ActivationQParams in_q) {
+  auto m = std::make_shared<Int8Linear>(src.in_features, src.out_features, src.bias.defined(), src.weight.device());
+  NoGradGuard ng;
+  set_weights(*m, m->weight_int8, m->weight_scale, quantize_per_channel(src.weight));
+  if (src.bias.defined()) copy_(m->bias, src.bias);
+  fill_(m->input.scale, in_q.scale);
+  fill_(m->input.zero_point, in_q.zero_point);
+  return m;
+}
+
+Tensor Int8Linear::forward(const Tensor& x) {
+  auto scope = forward_scope();
+  MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features && x.dtype() == DType::f32,
+           "Int8Linear: expected an f32 input (..., ", in_features, "), got ",
+           x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  const ActivationQParams q = input.get("Int8Linear");
+  refresh_packed(weight_int8, packed_, packed_version_, weight_int8);
+  Shape out_shape = x.shape();
+  out_shape.back() = out_features;
+  Tensor out = empty(out_shape, {.device = x.device()});
+  if (out.is_meta() || out.numel() == 0) return out;
+  Tensor xc = contiguous(x);
+  const int64_t rows = xc.numel() / in_features;
+  Tensor rs = row_scales(weight_scale, q.scale);
+  // C (out, rows) = W (out, in) . x^T (in, rows), written transposed into y (rows, out)
+  int8_gemm_quantize_b(packed_, rows, xc.data<float>(),
+                       {.group = 1, .group_stride = in_features, .col_stride = 0, .row_stride = 1}, 1.f / q.scale,
+                       q.zero_point,
+                       {.f32 = out.data<float>(),
+                        .layout = {.group = 1, .group_stride = out_features, .col_stride = 0, .row_stride = 1},
+                        .row_scale = rs.data<float>(),
+                        .bias = bias.defined() ? bias.data<float>() : nullptr},
+                       x.device());
+  return out;
+}
+
+// ---- Int8Conv2d -----------------------------------------------------------------------------
+
+Int8Conv2d::Int8Conv2d(int64_t in, int64_t out, bool with_bias, Device device)
+    : UnaryModule("Int8Conv2d"), in_channels(in), out_channels(out) {
+  MG_CHECK(in > 0 && out > 0, "Int8Conv2d: channel counts must be positive, got ", in, ", ", out);
+  weight_int8 = register_buffer("weight_int8", zeros_on({out, in, 1, 1}, DType::i8, device));
+  weight_scale = register_buffer("weight_scale", full({out}, 1.0, {.device = device}));
+  if (with_bias) bias = register_buffer("bias", zeros_on({out}, DType::f32, device));
+  input.init(*this, {}, device);
+}
+
+bool Int8Conv2d::supports(const Conv2d& c) {
+  return c.kernel_size == 1 && c.params.stride == 1 && c.params.padding == 0 && c.params.groups == 1;
+}
+
+std::shared_ptr<Int8Conv2d> Int8Conv2d::from_float(const Conv2d& src, ActivationQParams in_q) {
+  MG_CHECK(supports(src), "Int8Conv2d: only 1x1, stride 1, padding 0, ungrouped convolutions run on the int8 GEMM; got ",
+           src.kernel_size, "x", src.kernel_size, " stride ", src.params.stride, " groups ", src.params.groups);
+  auto m = std::make_shared<Int8Conv2d>(src.in_channels, src.out_channels, src.bias.defined(), src.weight.device());
+  NoGradGuard ng;
+  set_weights(*m, m->weight_int8, m->weight_scale, quantize_per_channel(src.weight));
+  if (src.bias.defined()) copy_(m->bias, src.bias);
+  fill_(m->input.scale, in_q.scale);
+  fill_(m->input.zero_point, in_q.zero_point);
+  return m;
+}
+
+Tensor Int8Conv2d::forward(const Tensor& x) {
+  auto scope = forward_scope();
+  MG_CHECK(x.defined() && x.dim() == 4 && x.size(1) == in_channels && x.dtype() == DType::f32,
+           "Int8Conv2d: expected an f32 input (N, ", in_channels, ", H, W), got ",
+           x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  const ActivationQParams q = input.get("Int8Conv2d");
+  refresh_packed(weight_int8.as_strided({out_channels, in_channels}, {in_channels, 1}, weight_int8.storage_offset()),
+                 packed_, packed_version_, weight_int8);
+  const int64_t N = x.size(0), HW = x.size(2) * x.size(3);
+  Tensor out = empty({N, out_channels, x.size(2), x.size(3)}, {.device = x.device()});
+  if (out.is_meta() || out.numel() == 0) return out;
+  Tensor xc = contiguous(x);
+  Tensor rs = row_scales(weight_scale, q.scale);
+  Int8GemmOut o{.f32 = out.data<float>(),
+                .layout = {.group = HW, .group_stride = out_channels * HW, .col_stride = 1, .row_stride = HW},
+                .row_scale = rs.data<float>(),
+                .bias = bias.defined() ? bias.data<float>() : nullptr};
+  if (fused_relu6) {
+    o.clamp_lo = 0.f;
+    o.clamp_hi = 6.f;
+  }
+  // C (Cout, N*HW) = W (Cout, Cin) . X (Cin, N*HW), X and C in NCHW
+  int8_gemm_quantize_b(packed_, N * HW, xc.data<float>(),
+                       {.group = HW, .group_stride = in_channels * HW, .col_stride = 1, .row_stride = HW},
+                       1.f / q.scale, q.zero_point, o, x.device());
+  return out;
+}
+
+// ---- Int8WeightOnlyConv2d -------------------------------------------------------------------
+
+Int8WeightOnlyConv2d::Int8WeightOnlyConv2d(int64_t in, int64_t out, int64_t k, Conv2dParams p, bool with_bias,
+                                           Device device)
+    : UnaryModule("Int8WeightOnlyConv2d"), in_channels(in), out_channels(out), kernel_size(k), params(p) {
+  MG_CHECK(in > 0 && out > 0 && k > 0 && p.groups > 0 && in % p.groups == 0,
+           "Int8WeightOnlyConv2d: invalid sizes in ", in, " out ", out, " kernel ", k, " groups ", p.groups);
+  weight_int8 = register_buffer("weight_int8", zeros_on({out, in / p.groups, k, k}, DType::i8, device));
+  weight_scale = register_buffer("weight_scale", full({out}, 1.0, {.device = device}));
+  if (with_bias) bias = register_buffer("bias", zeros_on({out}, DType::f32, device));
+}
+
+std::shared_ptr<Int8WeightOnlyConv2d> Int8WeightOnlyConv2d::from_float(const Conv2d& src) {
+  auto m = std::make_shared<Int8WeightOnlyConv2d>(src.in_channels, src.out_channels, src.kernel_size, src.params,
+                                                  src.bias.defined(), src.weight.device());
+  NoGradGuard ng;
+  set_weights(*m, m->weight_int8, m->weight_scale, quantize_per_channel(src.weight));
+  if (src.bias.defined()) copy_(m->bias, src.bias);
+  return m;
+}
+
+Tensor Int8WeightOnlyConv2d::forward(const Tensor& x) {
+  auto scope = forward_scope();
+  MG_CHECK(x.defined() && x.dim() == 4 && x.size(1) == in_channels, "Int8WeightOnlyConv2d: expected input (N, ",
+           in_channels, ", H, W), got ", x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  Tensor w = dequantized(weight_int8, weight_scale);
+  return conv2d(x, w, bias, params);
+}
+
+}  // namespace mg

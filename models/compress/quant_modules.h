@@ -1,0 +1,90 @@
+// Quantized layers for inference (built by models/compress/quant_convert.h, loaded by
+// quant_format.h). Weights are int8 symmetric per output channel (buffers weight_int8 i8 and
+// weight_scale f32), biases f32. Two kinds:
+// - weight-only (Int8WeightOnlyLinear, Int8WeightOnlyConv2d): int8 storage, dequantized into a
+//   workspace tensor per forward and multiplied in f32 (GPT's Linears, 3x3 and depthwise convs);
+// - full int8 (Int8Linear, Int8Conv2d 1x1): activations quantized to u8 with calibrated
+//   input_scale / input_zero_point, int8 x int8 -> int32 GEMM (ops/int8_gemm.h), requantized to f32.
+// Shapes: N batch, C channels, H W spatial.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "models/nn/layers.h"
+#include "ops/int8_gemm.h"
+#include "ops/quantize.h"
+
+namespace mg {
+
+// What a transformation left in place of a layer it absorbed (a BatchNorm folded into its conv,
+// a ReLU6 fused into the int8 conv's clamp): passes x through. type_name says which.
+class Absorbed : public UnaryModule {
+ public:
+  explicit Absorbed(std::string what) : UnaryModule(std::move(what)) {}
+  Tensor forward(const Tensor& x) override { return x; }
+};
+
+// x: (..., in) -> (..., out). y = x dequant(W)^T + b in f32.
+class Int8WeightOnlyLinear : public Linear {
+ public:
+  // Zero weights (scale 1), to be filled by load_state_dict.
+  Int8WeightOnlyLinear(int64_t in, int64_t out, bool bias, Device device);
+  static std::shared_ptr<Int8WeightOnlyLinear> from_float(const Linear& src);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight_int8, weight_scale;  // (out, in) i8, (out) f32
+};
+
+// The activation quantization every full-int8 layer keeps as buffers (input_scale (1) f32,
+// input_zero_point (1) i32), checked when read.
+struct Int8Input {
+  Tensor scale, zero_point;
+  void init(Module& owner, ActivationQParams q, Device device);
+  ActivationQParams get(const char* who) const;
+};
+
+// x: (..., in) -> (..., out), int8 GEMM.
+class Int8Linear : public Linear {
+ public:
+  Int8Linear(int64_t in, int64_t out, bool bias, Device device);
+  static std::shared_ptr<Int8Linear> from_float(const Linear& src, ActivationQParams input);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight_int8, weight_scale;
+  Int8Input input;
+
+ private:
+  Int8PackedA packed_;
+  uint64_t packed_version_ = ~uint64_t(0);
+};
+
+// x: (N, Cin, H, W) -> (N, Cout, H, W): a 1x1, stride 1, ungrouped convolution on the int8 GEMM,
+// with an optional fused ReLU6 (the clamp in the requantization).
+class Int8Conv2d : public UnaryModule {
+ public:
+  Int8Conv2d(int64_t in_channels, int64_t out_channels, bool bias, Device device);
+  // src must be 1x1, stride 1, padding 0, groups 1.
+  static std::shared_ptr<Int8Conv2d> from_float(const Conv2d& src, ActivationQParams input);
+  static bool supports(const Conv2d& c);
+  Tensor forward(const Tensor& x) override;
+  int64_t in_channels, out_channels;
+  bool fused_relu6 = false;
+  Tensor weight_int8, weight_scale, bias;  // (Cout, Cin, 1, 1) i8, (Cout) f32, (Cout) f32 or undefined
+  Int8Input input;
+
+ private:
+  Int8PackedA packed_;
+  uint64_t packed_version_ = ~uint64_t(0);
+};
+
+// Any Conv2d with int8 weights, computed in f32 (the stem's 3x3 conv, depthwise 3x3 convs).
+class Int8WeightOnlyConv2d : public UnaryModule {
+ public:
+  Int8WeightOnlyConv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv2dParams params, bool bias,
+                       Device device);
+  static std::shared_ptr<Int8WeightOnlyConv2d> from_float(const Conv2d& src);
+  Tensor forward(const Tensor& x) override;
+  int64_t in_channels, out_channels, kernel_size;
+  Conv2dParams params;
+  Tensor weight_int8, weight_scale, bias;
+};
+
+}  // namespace mg

@@ -1,0 +1,89 @@
+// `memgrad quantize` as a library call on tiny runs: a vision run quantized with PTQ (weight bytes
+// smaller, accuracy and throughput reported, the file loads back into a model that reproduces
+// the reported accuracy's predictions), a gpt run weight-only (val loss close to fp32), and the
+// bad inputs: an already quantized run, zero calibration batches, an unknown observer or mode,
+// an existing --out, a corrupt quantized file.
+#include <catch2/catch.hpp>
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <filesystem>
+
+#include "apps/apps_test_util.h"
+#include "apps/commands.h"
+#include "apps/gpt_train.h"
+#include "apps/quantize.h"
+#include "apps/vision_train.h"
+#include "models/compress/quant_format.h"
+
+using namespace mg;
+using namespace mg::test;
+namespace fs = std::filesystem;
+
+TEST_CASE("quantize: a vision run with PTQ, then the bad inputs", "[apps][quant]") {
+  DataTempDir tmp("quantize_vision");
+  const std::string images = write_tiny_image_folder(tmp, 20);
+  VisionTrainOptions t;
+  t.config = MobileNetV2Config{.width_mult = 0.25, .num_classes = 2, .small_input = true, .input_size = 8};
+  t.data = images;
+  t.out = tmp.file("fp32");
+  t.batch = 12;
+  t.lr = 1e-2;
+  t.progress = ProgressStyle::none;
+  vision_train(t);
+
+  QuantizeResult r = quantize_run({.run = tmp.file("fp32"), .out = tmp.file("int8"), .calibrate = 2, .observer = "ema"});
+  CHECK(r.model == "mobilenetv2");
+  CHECK(r.examples == 4);
+  CHECK((r.fp32_metric >= 0 && r.fp32_metric <= 1 && r.int8_metric >= 0 && r.int8_metric <= 1));
+  CHECK(r.int8_weight_bytes * 3 < r.fp32_weight_bytes);
+  CHECK((r.fp32_per_s > 0 && r.int8_per_s > 0));
+  CHECK(fs::exists(tmp.file("int8/config.json")));
+  const LoadedQuantizedModel l = load_quantized(r.file);
+  CHECK(l.info.calibration.at("observer") == "ema");
+  CHECK(l.info.calibration.at("batches") == 2);
+  CHECK(RunDir(tmp.file("int8")).read_config().at("quantized").at("int8_weight_bytes") == r.int8_weight_bytes);
+
+  // bad inputs
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("int8"), .out = tmp.file("again")}),
+                    Catch::Contains("already a quantized run"));
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .calibrate = 0}),
+                    Catch::Contains("--calibrate 0") && Catch::Contains("at least one calibration batch"));
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .observer = "histogram"}),
+                    Catch::Contains("unknown observer 'histogram'"));
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat"}),
+                    Catch::Contains("--mode 'qat' is not supported"));
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("int8")}), Catch::Contains("already exists"));
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("nothing"), .out = tmp.file("z")}),
+                    Catch::Contains("not a run directory"));
+  // a corrupt quantized file: truncated
+  fs::resize_file(r.file, fs::file_size(r.file) - 100);
+  CHECK_THROWS_WITH(load_quantized(r.file), Catch::Contains(kQuantizedModelFile));
+  CHECK(!fs::exists(tmp.file("z")));
+
+  // the command line registers and prints
+  CLI::App app{"memgrad"};
+  add_quantize_command(app);
+  std::vector<std::string> args = {"quantize", "--run", tmp.file("fp32"), "--out", tmp.file("cli"), "--calibrate", "1"};
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  app.parse(reversed);
+  CHECK(fs::exists(tmp.file("cli/") + kQuantizedModelFile));
+}
+
+TEST_CASE("quantize: a gpt run, weight-only int8", "[apps][quant]") {
+  DataTempDir tmp("quantize_gpt");
+  GptTrainOptions t;
+  t.model = GPTConfig{.vocab_size = 256, .context = 16, .n_layer = 1, .n_head = 2, .d_model = 32};
+  t.data = write_tiny_token_file(tmp);
+  t.out = tmp.file("fp32");
+  t.steps = 4;
+  t.batch = 4;
+  t.eval_windows = 4;
+  t.progress = ProgressStyle::none;
+  gpt_train(t);
+  QuantizeResult r = quantize_run({.run = tmp.file("fp32"), .out = tmp.file("int8"), .eval_windows = 4});
+  CHECK(r.model == "gpt");
+  CHECK(r.metric == "val loss");
+  CHECK(std::abs(r.int8_metric - r.fp32_metric) < 0.02 * r.fp32_metric);
+  CHECK(r.int8_weight_bytes < r.fp32_weight_bytes);
+  CHECK(load_quantized(r.file).info.layers.size() == 4);
+}
