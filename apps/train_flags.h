@@ -19,8 +19,8 @@ inline std::vector<CLI::Option*> add_train_flags(CLI::App* cmd, TrainOptions& t,
       cmd->add_option_function<std::string>(
              "--optimizer",
              [&t](const std::string& s) { t.optimizer = parse_flag("--optimizer", s, parse_optimizer_kind); },
-             "adamw (decoupled weight decay; two state tensors per parameter) or sgd (with --momentum; "
-             "--momentum 0 keeps no optimizer state)")
+             "adamw (decoupled weight decay; two f32 state tensors per parameter), adamw8bit (both moments in "
+             "8 bits, block-wise) or sgd (with --momentum; --momentum 0 keeps no optimizer state)")
           ->default_str("adamw"),
       cmd->add_option("--lr", t.lr, "peak learning rate (cosine schedule with warmup)")->capture_default_str(),
       cmd->add_option("--weight-decay", t.weight_decay, "weight decay on rank >= 2 parameters")->capture_default_str(),

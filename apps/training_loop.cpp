@@ -16,6 +16,7 @@
 #include "apps/run_setup.h"
 #include "core/error.h"
 #include "ops/ops.h"
+#include "optim/adamw8bit.h"
 #include "optim/optim.h"
 #include "optim/trainer.h"
 
@@ -23,11 +24,19 @@ namespace mg {
 
 OptimizerKind parse_optimizer_kind(const std::string& s) {
   if (s == "adamw") return OptimizerKind::adamw;
+  if (s == "adamw8bit") return OptimizerKind::adamw8bit;
   if (s == "sgd") return OptimizerKind::sgd;
-  MG_THROW("unknown optimizer '", s, "'; expected adamw or sgd");
+  MG_THROW("unknown optimizer '", s, "'; expected adamw, adamw8bit or sgd");
 }
 
-std::string optimizer_kind_name(OptimizerKind k) { return k == OptimizerKind::adamw ? "adamw" : "sgd"; }
+std::string optimizer_kind_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::adamw: return "adamw";
+    case OptimizerKind::adamw8bit: return "adamw8bit";
+    case OptimizerKind::sgd: return "sgd";
+  }
+  return "?";
+}
 
 void TrainOptions::validate(const std::string& cmd) const {
   MG_CHECK(batch > 0, cmd, ": --batch must be positive, got ", batch);
@@ -79,6 +88,7 @@ LrSchedule TrainOptions::read_config(const nlohmann::json& c, const std::string&
 std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model) {
   std::vector<ParamGroup> groups = weight_decay_groups(model.named_parameters(), o.lr, o.weight_decay);
   if (o.optimizer == OptimizerKind::sgd) return std::make_unique<SGD>(std::move(groups), SgdOptions{.momentum = o.momentum});
+  if (o.optimizer == OptimizerKind::adamw8bit) return std::make_unique<AdamW8bit>(std::move(groups));
   return std::make_unique<AdamW>(std::move(groups));
 }
 

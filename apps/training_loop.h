@@ -25,9 +25,10 @@
 
 namespace mg {
 
-// --optimizer: AdamW (betas 0.9, 0.999) or SGD (with --momentum; 0 keeps no state at all).
-enum class OptimizerKind { adamw, sgd };
-OptimizerKind parse_optimizer_kind(const std::string& s);  // "adamw", "sgd"
+// --optimizer: AdamW (betas 0.9, 0.999), AdamW with 8-bit block-wise moments (optim/adamw8bit.h),
+// or SGD (with --momentum; 0 keeps no state at all).
+enum class OptimizerKind { adamw, adamw8bit, sgd };
+OptimizerKind parse_optimizer_kind(const std::string& s);  // "adamw", "adamw8bit", "sgd"
 std::string optimizer_kind_name(OptimizerKind k);
 
 // The settings every training command has. Commands derive their options from it and set their

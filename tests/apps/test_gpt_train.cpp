@@ -246,6 +246,19 @@ TEST_CASE("gpt train with techniques: recorded in config.json, resumed exactly, 
                     Catch::Contains("--precision") && Catch::Contains("unknown precision 'int4'"));
   CHECK_THROWS_WITH(run_cli({"gpt", "train", "--data", data, "--out", tmp.file("bad"), "--optimizer", "lion"}),
                     Catch::Contains("--optimizer") && Catch::Contains("unknown optimizer 'lion'"));
+  // --optimizer adamw8bit keeps both moments in 8 bits: the run's optimizer state is far smaller.
+  GptTrainOptions small = tiny_options(data, tmp.file("adamw8bit"));
+  small.model->d_model = 128;  // tensors of >= 4096 elements, which AdamW8bit quantizes
+  small.steps = 2;
+  small.warmup = 0;
+  GptTrainOptions full32 = small;
+  full32.out = tmp.file("adamw32");
+  small.optimizer = OptimizerKind::adamw8bit;
+  const GptTrainResult r8 = gpt_train(small), r32 = gpt_train(full32);
+  const auto state = [](const GptTrainResult& r) { return r.memory.category[size_t(MemoryCategory::optimizer_state)]; };
+  CHECK(std::isfinite(r8.last_loss));
+  CHECK(double(state(r8)) < 0.5 * double(state(r32)));
+  CHECK(RunDir(r8.run_dir).read_config().at("optimizer").at("type") == "adamw8bit");
   CHECK_THROWS_WITH(run_cli({"gpt", "train", "--data", data, "--out", tmp.file("bad"), "--offload-activations", "tpu:0"}),
                     Catch::Contains("--offload-activations"));
   CHECK_FALSE(fs::exists(tmp.file("bad")));  // a bad flag leaves nothing behind
