@@ -78,6 +78,22 @@ void check_options(const QuantizeOptions& o) {
   MG_CHECK(!fs::exists(o.out), kCmd, ": --out '", o.out, "' already exists (choose a new directory)");
 }
 
+
+// The fp32 and int8 figures of a model into r, and the output file in a created run directory.
+void record(QuantizeResult& r, const char* model, const char* metric, const Eval& fp32, const Eval& int8,
+            const QuantizeOptions& o) {
+  r.model = model;
+  r.metric = metric;
+  r.fp32_metric = fp32.metric;
+  r.int8_metric = int8.metric;
+  r.fp32_per_s = fp32.per_s;
+  r.int8_per_s = int8.per_s;
+  r.examples = fp32.examples;
+  RunDir out(o.out);
+  out.create();
+  r.file = out.file(kQuantizedModelFile);
+}
+
 QuantizeResult quantize_vision(const QuantizeOptions& o, const RunDir& run, const nlohmann::json& config,
                                QuantizeResult r, Device dev) {
   const MobileNetV2Config cfg = MobileNetV2Config::from_json(config.at("model"));
@@ -109,16 +125,7 @@ QuantizeResult quantize_vision(const QuantizeOptions& o, const RunDir& run, cons
   convert_ptq(*model);
   r.int8_weight_bytes = weight_bytes(*model);
   const Eval int8 = eval_vision(*model, data.test, batch, dev);
-  r.model = "mobilenetv2";
-  r.metric = "test accuracy";
-  r.fp32_metric = fp32.metric;
-  r.int8_metric = int8.metric;
-  r.fp32_per_s = fp32.per_s;
-  r.int8_per_s = int8.per_s;
-  r.examples = fp32.examples;
-  RunDir out(o.out);
-  out.create();
-  r.file = out.file(kQuantizedModelFile);
+  record(r, "mobilenetv2", "test accuracy", fp32, int8, o);
   save_quantized(r.file, *model,
                  {.model = "mobilenetv2", .config = cfg.to_json(), .scheme = "int8_ptq",
                   .calibration = {{"observer", o.observer}, {"batches", batches}}, .layers = {}});
@@ -148,16 +155,7 @@ QuantizeResult quantize_gpt(const QuantizeOptions& o, const RunDir& run, const n
   quantize_gpt_weight_only(*model);
   r.int8_weight_bytes = weight_bytes(*model);
   const Eval int8 = eval_gpt(*model, val, batch, dev);
-  r.model = "gpt";
-  r.metric = "val loss";
-  r.fp32_metric = fp32.metric;
-  r.int8_metric = int8.metric;
-  r.fp32_per_s = fp32.per_s;
-  r.int8_per_s = int8.per_s;
-  r.examples = fp32.examples;
-  RunDir out(o.out);
-  out.create();
-  r.file = out.file(kQuantizedModelFile);
+  record(r, "gpt", "val loss", fp32, int8, o);
   save_quantized(r.file, *model,
                  {.model = "gpt", .config = cfg.to_json(), .scheme = "int8_weight_only", .calibration = {}, .layers = {}});
   return r;
