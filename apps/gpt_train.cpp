@@ -91,6 +91,7 @@ void check_options(const GptTrainOptions& o) {
   MG_CHECK(o.init_from.empty() || fs::is_regular_file(o.init_from), kCmd, ": --init-from '", o.init_from,
            "' is not a file (give a Hugging Face GPT-2 model.safetensors)");
   o.techniques.validate(o.batch, Device(o.device));
+  o.parallel.validate(kCmd, o.techniques.micro_batch, o.techniques.auto_fit, o.techniques.offload_activations.has_value());
 }
 
 // The entropy (nats per token) of the region's token frequencies: the loss a model that ignores
@@ -150,12 +151,28 @@ std::shared_ptr<const Dataset> validation_windows(const std::shared_ptr<const To
                                .samples_per_epoch = std::min(windows, available)});
 }
 
+// One training step of this run's model on meta, for --split balanced: the run's precision,
+// checkpointing and optimizer, one micro-batch's activations.
+StepProbe gpt_probe(const GPTConfig& cfg, const GptTrainOptions& o) {
+  const int64_t rows = o.techniques.micro_batch > 0 ? o.techniques.micro_batch : o.batch;
+  StepProbe probe = gpt_step_probe(cfg, rows, cfg.context, [&o](Module& m) { return make_optimizer(o, m); });
+  probe.build = [build = probe.build, &o](Device d) {
+    std::shared_ptr<Module> m = build(d);
+    apply_precision(*m, o.techniques.precision);
+    static_cast<GPT&>(*m).set_checkpoint(o.techniques.checkpoint);
+    return m;
+  };
+  return probe;
+}
+
 }  // namespace
 
 GptTrainResult gpt_train(const GptTrainOptions& in) {
   GptTrainOptions o = in;
   const bool resuming = !o.resume.empty();
-  const Device device = open_device(o.device, o.memory_limit);
+  // The model is built on --device; a split one is then placed on its devices (place_model).
+  // Budgets are set once the run's devices are known (a resumed run's come from config.json).
+  const Device device = open_device(o.device, "");
   RunDir run = resuming ? resume_run_dir(o.resume, kCmd)
                         : new_run_dir(o.out, o.model ? "gpt" : o.config, kCmd);
   std::string data_note;
@@ -199,14 +216,20 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   auto train_set = std::make_shared<TokenWindowDataset>(
       file, TokenWindowOptions{.context = T, .region = train_region, .seed = derive_seed(o.seed, {kDataKey})});
   auto val_set = validation_windows(file, val_region, T, o.eval_windows);
-  DataLoader loader(train_set, {.batch_size = B, .drop_last = true, .prefetch = 2, .device = device});
 
+  if (!o.parallel.active()) set_memory_limits(o.memory_limit, {device});  // else per device, once placed
   Generator init_gen(derive_seed(o.seed, {kInitKey}));
   GPT model(cfg, {.gen = &init_gen, .device = device});
   if (!resuming && !o.init_from.empty()) model.load_hf_gpt2(o.init_from);
   const Precision precision = o.techniques.precision;
   apply_precision(model, precision);  // bf16-pure: bf16 parameters, f32 masters in the optimizer
   model.set_checkpoint(o.techniques.checkpoint);
+  if (resuming) o.parallel.validate(kCmd, o.techniques.micro_batch, o.techniques.auto_fit,
+                                    o.techniques.offload_activations.has_value());
+  const std::optional<ModelParallelRun> parallel =
+      place_model(o.parallel, model, gpt_probe(cfg, o), o.memory_limit, B, o.techniques.micro_batch);
+  const Device data_device = parallel ? parallel->input_device() : device;  // tokens and targets (wte's device)
+  DataLoader loader(train_set, {.batch_size = B, .drop_last = true, .prefetch = 2, .device = data_device});
 
   GptTrainResult r;
   r.config = cfg;
@@ -232,13 +255,16 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   task.micro_weight = [](const Batch& b, int64_t begin, int64_t n) { return counted_targets(b.target, begin, n); };
   task.evaluate = [&](int64_t step) -> std::optional<Evaluation> {
     if (step % o.eval_every != 0 && step != o.steps) return std::nullopt;
-    r.last_val_loss = validation_loss(model, val_set, B, device, precision);
+    r.last_val_loss = validation_loss(model, val_set, B, data_device, precision);
     char line[96];
     std::snprintf(line, sizeof(line), "step %lld/%lld: validation loss %.4f (%lld windows)", (long long)step,
                   (long long)o.steps, r.last_val_loss, (long long)val_set->size());
     return Evaluation{r.last_val_loss, line};
   };
   task.checkpoint_due = [&](int64_t step) { return step % o.checkpoint_every == 0; };
+  task.pipeline_stages = [&](const Batch& b, const std::vector<int64_t>& stage_blocks, int64_t micro) {
+    return gpt_pipeline_stages(model, stage_blocks, b.input, b.target, micro);
+  };
   task.progress_extra = [&](int64_t, double lr) {  // validation results get lines of their own
     char extra[32];
     std::snprintf(extra, sizeof(extra), "lr %.2e", lr);
@@ -246,7 +272,8 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   };
   static_cast<TrainResult&>(r) = train_loop({.options = o, .device = device, .run = run, .model = model,
                                              .loader = loader, .schedule = sched, .total_steps = o.steps,
-                                             .resuming = resuming, .dropout_seed = derive_seed(o.seed, {kDropoutKey})},
+                                             .resuming = resuming, .dropout_seed = derive_seed(o.seed, {kDropoutKey}),
+                                             .parallel = parallel ? &*parallel : nullptr},
                                             task);
   r.tokens_per_s = r.items_per_s;
   return r;

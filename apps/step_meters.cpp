@@ -59,11 +59,13 @@ struct StepProfiler::Impl {
   int64_t step = -1;
 };
 
-StepProfiler::StepProfiler(const TechniqueOptions& t, const Device& device, int64_t first_step, int64_t last_step)
+StepProfiler::StepProfiler(const TechniqueOptions& t, const std::vector<Device>& train_devices, int64_t first_step,
+                           int64_t last_step)
     : impl_(std::make_unique<Impl>()) {
   if (!t.profile || first_step >= last_step) return;
-  std::vector<Device> devices{device};
-  if (t.offload_activations) devices.push_back(*t.offload_activations);
+  std::vector<Device> devices = train_devices;
+  if (t.offload_activations && std::find(devices.begin(), devices.end(), *t.offload_activations) == devices.end())
+    devices.push_back(*t.offload_activations);
   impl_->profiler.emplace(devices);
   impl_->step = last_step - first_step > 1 ? first_step + 1 : first_step;
 }
@@ -85,9 +87,12 @@ std::string StepProfiler::after_step(int64_t step, const std::string& run_dir) {
   impl_->profiler->stop();
   impl_->profiler->write(run_dir);
   const MemoryProfileSummary s = impl_->profiler->summary();
-  const DeviceMemoryProfile& d = s.devices.front();
-  return "memory profile of step " + std::to_string(step + 1) + ": peak " + format_bytes(d.peak_bytes) + " in " +
-         std::string(step_phase_name(d.peak_phase)) + " -> " + run_dir + "/memory.html (memgrad report " + run_dir + ")";
+  std::string peaks;
+  for (const DeviceMemoryProfile& d : s.devices)
+    peaks += (peaks.empty() ? "" : ", ") + std::string(s.devices.size() > 1 ? d.device.str() + " " : "") + "peak " +
+             format_bytes(d.peak_bytes) + " in " + std::string(step_phase_name(d.peak_phase));
+  return "memory profile of step " + std::to_string(step + 1) + ": " + peaks + " -> " + run_dir +
+         "/memory.html (memgrad report " + run_dir + ")";
 }
 
 }  // namespace mg

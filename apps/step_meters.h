@@ -16,11 +16,11 @@
 
 namespace mg {
 
-// --profile in a training loop: watches the training device (and the offload target), starts
+// --profile in a training loop: watches the training devices (and the offload target), starts
 // before the chosen step, and writes the profile into the run directory after it.
 class StepProfiler {
  public:
-  StepProfiler(const TechniqueOptions& t, const Device& device, int64_t first_step, int64_t last_step);
+  StepProfiler(const TechniqueOptions& t, const std::vector<Device>& devices, int64_t first_step, int64_t last_step);
   ~StepProfiler();
   // Whether `step` is the one recorded.
   bool profiles(int64_t step) const;

@@ -1,11 +1,12 @@
 // The flags every training command has (batch, optimizer, schedule, seed, device, budget, run
-// directory, resume, checkpoints and the memory techniques), so `gpt train` and `vision train`
+// directory, resume, checkpoints, the memory techniques and model parallelism), so `gpt train` and `vision train`
 // spell them alike. Values are parsed into TrainOptions' types here, at the command-line edge.
 #pragma once
 #include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
 
+#include "apps/model_parallel_flags.h"
 #include "apps/technique_flags.h"
 #include "apps/training_loop.h"
 
@@ -34,8 +35,11 @@ inline std::vector<CLI::Option*> add_train_flags(CLI::App* cmd, TrainOptions& t,
   };
   cmd->add_option("--resume", t.resume, "continue the run in this directory from its checkpoint");
   cmd->add_option("--device", t.device, "device, e.g. cpu:0")->capture_default_str();
-  cmd->add_option("--memory-limit", t.memory_limit, "memory budget of the device, e.g. 512MiB");
+  cmd->add_option("--memory-limit", t.memory_limit,
+                  "memory budget of the device, e.g. 512MiB; of each device of a split model: cpu:0=200MiB,cpu:1=300MiB "
+                  "(one value: every device)");
   for (CLI::Option* f : add_technique_flags(cmd, t.techniques)) fixed.push_back(f);
+  for (CLI::Option* f : add_model_parallel_flags(cmd, t.parallel)) fixed.push_back(f);
   return fixed;
 }
 

@@ -14,6 +14,7 @@
 #include "apps/interrupt_guard.h"
 #include "apps/prune_run.h"
 #include "apps/run_setup.h"
+#include "core/allocator.h"
 #include "core/error.h"
 #include "ops/ops.h"
 #include "optim/adamw8bit.h"
@@ -45,6 +46,7 @@ void TrainOptions::validate(const std::string& cmd) const {
   MG_CHECK(momentum >= 0 && momentum < 1, cmd, ": --momentum must be in [0, 1), got ", momentum);
   MG_CHECK(grad_clip >= 0 && std::isfinite(grad_clip), cmd, ": --grad-clip must be >= 0, got ", grad_clip);
   MG_CHECK(checkpoint_every >= 0, cmd, ": --checkpoint-every must be >= 0, got ", checkpoint_every);
+  parse_memory_limits(memory_limit, parallel.active() ? parallel.model_devices() : std::vector<Device>{Device(device)});
 }
 
 LrSchedule TrainOptions::schedule(int64_t total_steps) const {
@@ -59,7 +61,7 @@ nlohmann::json TrainOptions::to_config(const LrSchedule& sched) const {
           {"schedule", {{"kind", "cosine"}, {"warmup_steps", sched.warmup_steps},
                         {"total_steps", sched.total_steps}, {"min_lr", sched.min_lr}}},
           {"seed", seed}, {"batch", batch}, {"checkpoint_every", checkpoint_every}, {"device", device},
-          {"techniques", techniques.to_json()}};
+          {"techniques", techniques.to_json()}, {"model_parallel", parallel.to_json()}};
 }
 
 LrSchedule TrainOptions::read_config(const nlohmann::json& c, const std::string& cmd) {
@@ -77,6 +79,9 @@ LrSchedule TrainOptions::read_config(const nlohmann::json& c, const std::string&
     batch = c.at("batch");
     checkpoint_every = c.at("checkpoint_every");
     techniques = techniques.from_config(c);
+    const bool print_schedule = parallel.print_schedule;  // a setting of this process
+    parallel = ModelParallelOptions::from_json(c.value("model_parallel", nlohmann::json()));
+    parallel.print_schedule = print_schedule && parallel.pipeline;
     return LrSchedule::cosine(lr, s.at("warmup_steps"), s.at("total_steps"), s.at("min_lr"));
   } catch (const nlohmann::json::exception& e) {
     MG_THROW(cmd, ": config.json of '", resume, "' is incomplete or malformed: ", e.what());
@@ -113,9 +118,10 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   }
   // A run pruned by magnitude (memgrad prune) keeps its pruned weights at zero after every step.
   const auto prune_masks = setup.resuming ? attach_prune_masks(run, setup.model, *opt) : nullptr;
-  MetricsWriter metrics(run.metrics_path(),
-                        {"step", "loss", task.eval_column, "lr", "time_s", "peak_bytes"},
-                        setup.resuming ? state.step : -1);
+  std::vector<std::string> columns = {"step", "loss", task.eval_column, "lr", "time_s", "peak_bytes"};
+  if (setup.parallel)  // a split model: each device's step peak too
+    for (const Device& d : setup.parallel->devices) columns.push_back("peak_bytes@" + d.str());
+  MetricsWriter metrics(run.metrics_path(), columns, setup.resuming ? state.step : -1);
 
   TrainResult r;
   r.run_dir = run.path();
@@ -123,11 +129,22 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   r.num_parameters = setup.model.num_parameters();
   Progress progress(task.command, setup.total_steps, task.unit, o.progress);
   for (const std::string& line : task.notes) progress.note(line);
+  if (setup.parallel)
+    for (const std::string& line : setup.parallel->notes) progress.note(line);
   progress.note(task.command + ": " + task.header + ", " + optimizer_kind_name(o.optimizer) + " " + sched.str() +
-                ", techniques: " + o.techniques.str() + ", on " + setup.device.str() +
+                ", techniques: " + o.techniques.str() + ", on " + (setup.parallel ? o.parallel.str() : setup.device.str()) +
                 (setup.resuming ? ", resuming at step " + std::to_string(state.step) : "") + " -> " + run.path());
 
-  PeakMeter meter(setup.device, state.peak_bytes);
+  // One meter per device the model lives on; the first device's carries the run's peak across
+  // resumes. `meter` is the one whose peak is highest (the progress line's and bench's figures).
+  const std::vector<Device> devices = setup.parallel ? setup.parallel->devices : std::vector<Device>{setup.device};
+  std::vector<PeakMeter> meters;
+  for (const Device& d : devices) meters.emplace_back(d, meters.empty() ? state.peak_bytes : 0);
+  auto highest = [&]() -> const PeakMeter& {
+    return *std::max_element(meters.begin(), meters.end(),
+                             [](const PeakMeter& a, const PeakMeter& b) { return a.run_peak() < b.run_peak(); });
+  };
+  auto run_peak = [&] { return highest().run_peak(); };
   StepTimes times;
   const auto t_start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
@@ -138,11 +155,11 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
     run.save_checkpoint(setup.model, *opt,
                         {.step = step, .position = loader.position(),
                          .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
-                         .elapsed_s = elapsed(), .peak_bytes = meter.run_peak(), .trainer = trainer.state()});
+                         .elapsed_s = elapsed(), .peak_bytes = run_peak(), .trainer = trainer.state()});
   };
   setup.model.train();
   InterruptGuard interrupt;
-  StepProfiler step_profiler(o.techniques, setup.device, state.step, setup.total_steps);
+  StepProfiler step_profiler(o.techniques, devices, state.step, setup.total_steps);
   int64_t step = state.step;
   while (step < setup.total_steps) {
     if (o.stop_after >= 0 && step >= o.stop_after) break;
@@ -155,42 +172,80 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
     }
     step_profiler.before_step(step);
     times.start();
-    meter.begin_step();
+    for (PeakMeter& m : meters) m.begin_step();
     Batch batch = loader.next_step();
     opt->set_lr(lr);
     Trainer::MicroWeight weight;
     if (task.micro_weight)
       weight = [&](int64_t b, int64_t n) { return task.micro_weight(batch, b, n); };
-    const StepReport rep = trainer.step(
-        batch.size(), [&](int64_t b, int64_t n) { return task.micro_loss(batch, b, n); }, weight);
+    StepReport rep;
+    try {
+      if (setup.parallel && setup.parallel->schedule) {  // --pipeline: the schedule drives the micro-batches
+        const PipelineStages stages = task.pipeline_stages(batch, setup.parallel->stage_blocks, trainer.micro_batch());
+        rep = trainer.step_scheduled(
+            batch.size(),
+            [&](const std::vector<double>& w, double scale) {
+              return run_pipeline(*setup.parallel->schedule, stages, w, scale);
+            },
+            weight);
+      } else {
+        rep = trainer.step(batch.size(), [&](int64_t b, int64_t n) { return task.micro_loss(batch, b, n); }, weight);
+      }
+    } catch (const OutOfMemoryError& e) {  // a split model: say which modules live on the full device
+      if (setup.parallel) throw with_placement(e, setup.parallel->placement);
+      throw;
+    }
     r.offloaded_bytes = std::max(r.offloaded_bytes, rep.offloaded_bytes);
     if (rep.retries > 0)
       progress.note("auto-fit: step " + std::to_string(step + 1) + " ran out of memory; retried with micro-batch " +
                     std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
-    const int64_t step_peak = meter.end_step();
+    std::vector<int64_t> device_step_peaks;
+    for (PeakMeter& m : meters) device_step_peaks.push_back(m.end_step());
+    const int64_t step_peak = *std::max_element(device_step_peaks.begin(), device_step_peaks.end());
     const double secs = times.stop();
     if (std::string line = step_profiler.after_step(step, run.path()); !line.empty()) progress.note(line);
     ++step;
 
     const std::optional<Evaluation> eval = task.evaluate(step);
-    metrics.write({csv_number(step - 1), csv_number(rep.loss), eval ? csv_number(eval->value) : std::string(),
-                   csv_number(lr), csv_number(elapsed()), csv_number(step_peak)});
+    std::vector<std::string> row = {csv_number(step - 1), csv_number(rep.loss),
+                                    eval ? csv_number(eval->value) : std::string(), csv_number(lr),
+                                    csv_number(elapsed()), csv_number(step_peak)};
+    if (setup.parallel)
+      for (int64_t p : device_step_peaks) row.push_back(csv_number(p));
+    metrics.write(row);
     r.last_loss = rep.loss;
+    std::string extra = task.progress_extra(step, lr);
+    if (setup.parallel)  // every device's run peak: "cpu:0 41.2 MiB | cpu:1 39.8 MiB"
+      for (size_t i = 0; i < meters.size(); ++i)
+        extra += (i ? " | " : "  peaks ") + devices[i].str() + " " + format_bytes(meters[i].run_peak());
+    const PeakMeter& top = highest();
     progress.update({.done = step, .loss = rep.loss,
                      .throughput = double(batch.size() * task.items_per_example) / secs,
-                     .allocated = meter.allocated(), .peak = meter.run_peak(), .limit = meter.limit(),
-                     .extra = task.progress_extra(step, lr)});
+                     .allocated = top.allocated(), .peak = top.run_peak(), .limit = top.limit(), .extra = extra});
     if (eval && !eval->note.empty()) progress.note(eval->note);
     r.interrupted = interrupt.raised() && step < setup.total_steps;
     if (task.checkpoint_due(step) || step == setup.total_steps || r.interrupted) checkpoint(step);
     if (r.interrupted) break;
   }
+  if (setup.parallel) {
+    for (size_t i = 0; i < meters.size(); ++i) {
+      DevicePeak p{.device = devices[i], .peak = meters[i].steady_peak(), .category = {},
+                   .modules = setup.parallel->placement.modules_on(devices[i])};
+      for (MemoryCategory c : kAllMemoryCategories) p.category[size_t(c)] = meters[i].steady_category_peak(c);
+      r.device_peaks.push_back(p);
+    }
+    if (step > state.step) {
+      std::string table = device_peaks_table(r.device_peaks, setup.parallel->predicted);
+      while (!table.empty() && table.back() == '\n') table.pop_back();
+      progress.note("per-device peaks (steps after the first):\n" + table);
+    }
+  }
   progress.finish();
   r.steps_done = step;
   r.ms_per_step = 1000.0 * times.median();
   r.items_per_s = times.count() ? double(o.batch * task.items_per_example) / times.median() : 0.0;
-  r.peak_bytes = meter.run_peak();
-  r.memory = StepMemory::of(meter);
+  r.peak_bytes = run_peak();
+  r.memory = StepMemory::of(highest());
   r.micro_batch = trainer.micro_batch();
   r.skipped_steps = trainer.scaler() ? trainer.scaler()->skipped_steps() : 0;
   return r;

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/model_parallel_options.h"
+#include "apps/model_parallel_run.h"
 #include "apps/progress.h"
 #include "apps/run_dir.h"
 #include "apps/step_meters.h"
@@ -22,6 +24,8 @@
 #include "models/nn/module.h"
 #include "optim/lr_schedule.h"
 #include "optim/optimizer.h"
+#include "parallel/device_memory.h"
+#include "parallel/pipeline.h"
 
 namespace mg {
 
@@ -50,6 +54,7 @@ struct TrainOptions {
   int64_t checkpoint_every = 0;     // steps between checkpoints; 0: the command's default points
   bool save_checkpoints = true;     // false: no checkpoint at all (`memgrad bench`; not resumable)
   TechniqueOptions techniques{};    // checkpointing, precision, accumulation, auto-fit, offload
+  ModelParallelOptions parallel{};  // the model split over several devices, pipelined or not
   ProgressStyle progress = ProgressStyle::automatic;
   int64_t stop_after = -1;          // stop after this many steps without the final checkpoint (tests)
 
@@ -75,7 +80,10 @@ struct TrainResult {
   double last_loss = 0.0;
   double ms_per_step = 0.0;    // median over this process's steps after the first
   double items_per_s = 0.0;    // tokens or images per second of the median step
-  int64_t peak_bytes = 0;      // the run's peak allocated bytes on the device
+  int64_t peak_bytes = 0;      // the run's peak allocated bytes on the device (split: the largest device's)
+  // A model split over devices: each device's steady-state peak and category peaks (steps after
+  // the first), in placement order; empty on one device.
+  std::vector<DevicePeak> device_peaks{};
   int64_t num_parameters = 0;
   StepMemory memory{};         // steady-state peaks per category (steps after the first)
   int64_t micro_batch = 0;     // the micro-batch training ended with (0: whole batch)
@@ -110,6 +118,9 @@ struct TrainingTask {
   std::function<bool(int64_t steps_done)> checkpoint_due;
   // Extra text of the progress line ("lr 3.0e-04  val 1.234").
   std::function<std::string(int64_t steps_done, double lr)> progress_extra;
+  // --pipeline: the model's stages over micro-batches of `micro` examples of the batch
+  // (parallel/pipeline.h), run by the placement's schedule.
+  std::function<PipelineStages(const Batch&, const std::vector<int64_t>& stage_blocks, int64_t micro)> pipeline_stages{};
 };
 
 // Where the loop runs: the command's model (on `device`, precision and checkpointing applied),
@@ -124,6 +135,7 @@ struct TrainingSetup {
   int64_t total_steps = 0;
   bool resuming = false;
   uint64_t dropout_seed = 0;  // where a new run's dropout stream starts (a resumed run restores it)
+  const ModelParallelRun* parallel = nullptr;  // the model's placement over devices (place_model)
 };
 
 // Trains from the run's checkpoint (or from the start) to total_steps, or until interrupted.

@@ -121,6 +121,20 @@ MobileNetV2Config model_config(const VisionTrainOptions& o, int64_t num_classes)
   return c;
 }
 
+// One training step of this run's model on meta, for --split balanced: the run's precision,
+// checkpointing and optimizer, one micro-batch's activations.
+StepProbe vision_probe(const MobileNetV2Config& cfg, const VisionTrainOptions& o) {
+  const int64_t rows = o.techniques.micro_batch > 0 ? o.techniques.micro_batch : o.batch;
+  StepProbe probe = mobilenet_step_probe(cfg, rows, cfg.input_size, [&o](Module& m) { return make_optimizer(o, m); });
+  probe.build = [build = probe.build, &o](Device d) {
+    std::shared_ptr<Module> m = build(d);
+    apply_precision(*m, o.techniques.precision);
+    static_cast<MobileNetV2&>(*m).set_checkpoint(o.techniques.checkpoint);
+    return m;
+  };
+  return probe;
+}
+
 }  // namespace
 
 VisionData load_vision_data(const std::string& data, int64_t input_size, bool augment, uint64_t seed,
@@ -180,7 +194,9 @@ VisionData load_vision_data(const std::string& data, int64_t input_size, bool au
 VisionTrainResult vision_train(const VisionTrainOptions& in) {
   VisionTrainOptions o = in;
   const bool resuming = !o.resume.empty();
-  const Device device = open_device(o.device, o.memory_limit);
+  // The model is built on --device; a split one is then placed on its devices (place_model).
+  // Budgets are set once the run's devices are known (a resumed run's come from config.json).
+  const Device device = open_device(o.device, "");
   RunDir run = resuming ? resume_run_dir(o.resume, kCmd) : new_run_dir(o.out, o.config ? "vision" : o.model, kCmd);
   nlohmann::json config;
   MobileNetV2Config cfg;
@@ -205,12 +221,15 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
     cfg = o.config ? *o.config : MobileNetV2Config::named(o.model);  // validates the name early
   }
   o.techniques.validate(o.batch, device);
+  o.parallel.validate(kCmd, o.techniques.micro_batch, o.techniques.auto_fit, o.techniques.offload_activations.has_value());
+  MG_CHECK(!o.parallel.pipeline, kCmd, ": --pipeline runs GPT stages only (gpt train); split MobileNetV2 with --split "
+                                   "stages:K or balanced without it");
   const int64_t size = o.input_size > 0 && !resuming ? o.input_size : cfg.input_size;
   VisionData data = load_vision_data(o.data, size, o.augment, o.seed, o.limit_train, o.limit_test);
 
-  DataLoader loader(data.train, {.batch_size = o.batch, .shuffle = true, .seed = derive_seed(o.seed, {kShuffleKey}),
-                                 .drop_last = true, .prefetch = 2, .device = device});
-  const int64_t per_epoch = loader.batches_per_epoch();
+  const int64_t per_epoch = data.train->size() / o.batch;  // the loader drops the last partial batch
+  MG_CHECK(per_epoch > 0, kCmd, ": the training set has ", data.train->size(), " images, fewer than --batch ", o.batch,
+           ", so an epoch has no batch");
   if (resuming) {
     MG_CHECK(config.value("steps_per_epoch", int64_t(-1)) == per_epoch, kCmd, ": the data of '", run.path(),
              "' now gives ", per_epoch, " batches per epoch, the run had ", config.value("steps_per_epoch", int64_t(-1)),
@@ -244,11 +263,20 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   }
   const int64_t total_steps = o.epochs * per_epoch;
 
+  if (!o.parallel.active()) set_memory_limits(o.memory_limit, {device});  // else per device, once placed
   Generator init_gen(derive_seed(o.seed, {kInitKey}));
   MobileNetV2 model(cfg, {.gen = &init_gen, .device = device});
   const Precision precision = o.techniques.precision;
   apply_precision(model, precision);
   model.set_checkpoint(o.techniques.checkpoint);
+  const std::optional<ModelParallelRun> parallel =
+      place_model(o.parallel, model, vision_probe(cfg, o), o.memory_limit, o.batch, o.techniques.micro_batch);
+  const Device data_device = parallel ? parallel->input_device() : device;     // images: the stem's device
+  const Device label_device = parallel ? parallel->output_device() : device;   // labels: the classifier's
+  DataLoader loader(data.train, {.batch_size = o.batch, .shuffle = true, .seed = derive_seed(o.seed, {kShuffleKey}),
+                                 .drop_last = true, .prefetch = 2, .device = data_device});
+  MG_INTERNAL_ASSERT(loader.batches_per_epoch() == per_epoch, "vision train: ", loader.batches_per_epoch(),
+                     " batches per epoch, expected ", per_epoch);
 
   VisionTrainResult r;
   r.steps_per_epoch = per_epoch;
@@ -265,12 +293,13 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
                 std::to_string(r.train_examples) + " training / " + std::to_string(r.test_examples) + " test images of " +
                 data.source + ", batch " + std::to_string(o.batch);
   task.micro_loss = [&](const Batch& b, int64_t begin, int64_t n) {
-    return cross_entropy(model.forward(model_input(model, narrow(b.input, 0, begin, n))), narrow(b.target, 0, begin, n));
+    return cross_entropy(model.forward(model_input(model, narrow(b.input, 0, begin, n))),
+                         to(narrow(b.target, 0, begin, n), label_device));
   };
   task.evaluate = [&](int64_t step) -> std::optional<Evaluation> {
     if (step % per_epoch != 0) return std::nullopt;  // test accuracy after every epoch
-    const int64_t bn_batches = recompute_statistics(model, data.train, o.batch, device, precision);
-    r.test_accuracy = accuracy(model, data.test, o.batch, device, nullptr, precision);
+    const int64_t bn_batches = recompute_statistics(model, data.train, o.batch, data_device, precision);
+    r.test_accuracy = accuracy(model, data.test, o.batch, data_device, nullptr, precision);
     char line[160];
     std::snprintf(line, sizeof(line),
                   "epoch %lld/%lld: test accuracy %.2f%% (%lld images; BatchNorm statistics of %lld training batches)",
@@ -289,7 +318,8 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   };
   static_cast<TrainResult&>(r) = train_loop({.options = o, .device = device, .run = run, .model = model,
                                              .loader = loader, .schedule = sched, .total_steps = total_steps,
-                                             .resuming = resuming, .dropout_seed = derive_seed(o.seed, {kDropoutKey})},
+                                             .resuming = resuming, .dropout_seed = derive_seed(o.seed, {kDropoutKey}),
+                                             .parallel = parallel ? &*parallel : nullptr},
                                             task);
   r.images_per_s = r.items_per_s;
   return r;

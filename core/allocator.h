@@ -112,7 +112,7 @@ class CachingAllocator {
 
   MemoryStats stats() const;
   void reset_peak_stats();
-  void set_limit(size_t bytes);  // 0 removes the limit
+  void set_limit(size_t bytes);  // 0 removes the limit; a limit releases the cached free segments
   size_t limit() const;
   // The n largest live blocks, largest first.
   std::vector<LiveBlockInfo> largest_live_blocks(size_t n) const;

@@ -356,6 +356,9 @@ void CachingAllocator::reset_peak_stats() {
 void CachingAllocator::set_limit(size_t bytes) {
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->stats.limit = bytes;
+  // Cached free segments would otherwise serve requests past the new budget: a budget counts
+  // from what is live, not from what an earlier job left cached.
+  if (bytes != 0) impl_->release_free_segments();
 }
 
 size_t CachingAllocator::limit() const {

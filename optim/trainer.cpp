@@ -36,13 +36,7 @@ Trainer::Trainer(Module& model, Optimizer& opt, TrainerOptions options)
 
 Trainer::~Trainer() = default;
 
-void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_loss, const MicroWeight& micro_weight,
-                         StepReport& r) {
-  r.micro_batch = m;
-  r.micro_steps = 0;
-  r.loss = 0.0;
-  r.offloaded_bytes = 0;
-  // Note [Accumulation weights]: each micro-batch's terms over the batch's.
+std::vector<double> Trainer::accumulation_weights(int64_t batch_size, int64_t m, const MicroWeight& micro_weight) {
   std::vector<double> terms;
   double total = 0.0;
   for (int64_t begin = 0; begin < batch_size; begin += m) {
@@ -53,9 +47,20 @@ void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_l
     total += w;
   }
   MG_CHECK(total > 0, "Trainer: the batch has nothing to average over (every target is ignored)");
+  for (double& w : terms) w /= total;
+  return terms;
+}
+
+void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_loss, const MicroWeight& micro_weight,
+                         StepReport& r) {
+  r.micro_batch = m;
+  r.micro_steps = 0;
+  r.loss = 0.0;
+  r.offloaded_bytes = 0;
+  const std::vector<double> weights = accumulation_weights(batch_size, m, micro_weight);
   for (int64_t begin = 0, i = 0; begin < batch_size; begin += m, ++i) {
     const int64_t count = std::min(m, batch_size - begin);
-    const double weight = terms[size_t(i)] / total;
+    const double weight = weights[size_t(i)];
     if (weight == 0.0) continue;  // a micro-batch without counted terms adds nothing (its mean is NaN)
     Tensor loss, scaled;
     {
@@ -122,7 +127,37 @@ StepReport Trainer::step(int64_t batch_size, const MicroLoss& micro_loss, const 
   }
   micro_ = m < batch_size || micro_ > 0 ? m : 0;
 
-  // The update: unscale (fp16), clip, step (or skip an overflowed fp16 step), drop the gradients.
+  update(r);
+  return r;
+}
+
+StepReport Trainer::step_scheduled(int64_t batch_size, const ScheduledBatch& run, const MicroWeight& micro_weight) {
+  MG_CHECK(batch_size > 0, "Trainer.step_scheduled: the batch is empty");
+  MG_CHECK(bool(run), "Trainer.step_scheduled: nothing to run");
+  MG_CHECK(!opt_.auto_fit && !opt_.offload_activations,
+           "Trainer.step_scheduled: auto-fit and activation offload do not combine with a scheduled (pipelined) step");
+  {
+    StepPhaseGuard phase(StepPhase::optimizer);
+    optimizer_.allocate_state();
+  }
+  StepReport r;
+  r.loss_scale = scaler_ ? scaler_->scale_value() : 1.0;
+  r.micro_batch = micro_ > 0 ? std::min(micro_, batch_size) : batch_size;
+  const std::vector<double> weights = accumulation_weights(batch_size, r.micro_batch, micro_weight);
+  r.micro_steps = int64_t(weights.size());
+  try {
+    AutocastGuard autocast(autocast_for(opt_.precision));  // the engine turns it off in backward
+    r.loss = run(weights, r.loss_scale);
+  } catch (...) {
+    optimizer_.zero_grad();
+    model_.zero_grad();
+    throw;
+  }
+  update(r);
+  return r;
+}
+
+void Trainer::update(StepReport& r) {
   StepPhaseGuard phase(StepPhase::optimizer);
   std::vector<Tensor> params;
   for (const auto& g : optimizer_.param_groups())
@@ -136,7 +171,6 @@ StepReport Trainer::step(int64_t batch_size, const MicroLoss& micro_loss, const 
     optimizer_.step();
   }
   optimizer_.zero_grad();
-  return r;
 }
 
 nlohmann::json Trainer::state() const {

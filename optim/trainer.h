@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -61,6 +62,17 @@ class Trainer {
   // first forward (Optimizer::allocate_state), so the first step's peak is every step's.
   StepReport step(int64_t batch_size, const MicroLoss& micro_loss, const MicroWeight& micro_weight = {});
 
+  // run(weights, loss_scale): every forward and backward of a batch in micro-batches, driven by
+  // something else (a pipeline schedule, parallel/pipeline.h). Micro-batch i's loss is multiplied
+  // by weights[i] * loss_scale before its backward; returns the batch's loss, sum of weights[i] *
+  // loss_i.
+  using ScheduledBatch = std::function<double(const std::vector<double>& weights, double loss_scale)>;
+  // One step whose micro-batches `run` drives: the Trainer gives it the accumulation weights of
+  // micro-batches of options().micro_batch examples (Note [Accumulation weights]) and the fp16
+  // loss scale, runs it under autocast, then unscales, clips and steps as step() does. Auto-fit
+  // and activation offload are not available on this path.
+  StepReport step_scheduled(int64_t batch_size, const ScheduledBatch& run, const MicroWeight& micro_weight = {});
+
   const TrainerOptions& options() const { return opt_; }
   // The micro-batch the next step starts with (auto_fit lowers it and keeps it lowered).
   int64_t micro_batch() const { return micro_; }
@@ -73,6 +85,10 @@ class Trainer {
   // One attempt at the whole batch with micro-batch m; throws OutOfMemoryError unchanged.
   void accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_loss, const MicroWeight& micro_weight,
                   StepReport& r);
+  // Each micro-batch's share of the batch's terms (Note [Accumulation weights]).
+  static std::vector<double> accumulation_weights(int64_t batch_size, int64_t m, const MicroWeight& micro_weight);
+  // Unscale (fp16), clip, step (or skip an overflowed fp16 step), drop the gradients.
+  void update(StepReport& r);
 
   Module& model_;
   Optimizer& optimizer_;

@@ -2,6 +2,9 @@
 // loss weights, and the GPT cut into stages.
 #include "parallel/pipeline.h"
 
+#include <cmath>
+
+#include "autograd/checkpoint.h"
 #include "autograd/engine.h"
 #include "core/memory_category.h"
 #include "core/rng.h"
@@ -38,7 +41,11 @@ PipelineStages gpt_pipeline_stages(GPT& gpt, const std::vector<int64_t>& counts,
     const int64_t row = m * micro, rows = std::min(micro, B - row);
     auto scope = gpt.forward_scope();
     Tensor h = s == 0 ? gpt.embed(narrow(idx, 0, row, rows), 0) : x;  // (b, T, C)
-    for (int64_t l = begin[size_t(s)]; l < begin[size_t(s + 1)]; ++l) h = (*gpt.h->at<Block>(size_t(l)))(h);
+    // The stage's blocks under the model's checkpoint policy, as GPT::forward_hidden runs them all.
+    std::vector<BlockFn> blocks;
+    for (int64_t l = begin[size_t(s)]; l < begin[size_t(s + 1)]; ++l)
+      blocks.push_back([block = gpt.h->at<Block>(size_t(l))](const Tensor& t) { return (*block)(t); });
+    h = checkpoint_sequential(blocks, gpt.checkpoint_policy(), h);
     if (s < last) return h;
     return gpt.loss_from_hidden((*gpt.ln_f)(h), narrow(targets, 0, row, rows));
   };
@@ -46,9 +53,20 @@ PipelineStages gpt_pipeline_stages(GPT& gpt, const std::vector<int64_t>& counts,
 }
 
 double run_pipeline(const PipelineSchedule& schedule, const PipelineStages& stages, int64_t batch, int64_t micro) {
-  const int64_t p = stages.count, M = num_micro_batches(batch, micro);
+  const int64_t M = num_micro_batches(batch, micro);
+  std::vector<double> weights;
+  for (int64_t m = 0; m < M; ++m) weights.push_back(double(std::min(micro, batch - m * micro)) / double(batch));
+  return run_pipeline(schedule, stages, weights);
+}
+
+double run_pipeline(const PipelineSchedule& schedule, const PipelineStages& stages, const std::vector<double>& weights,
+                    double loss_scale) {
+  const int64_t p = stages.count, M = int64_t(weights.size());
   MG_CHECK(schedule.stages == p && schedule.micro_batches == M, "run_pipeline: the schedule is for ", schedule.stages,
            " stages x ", schedule.micro_batches, " micro-batches, the run has ", p, " x ", M);
+  for (double w : weights)
+    MG_CHECK(w > 0 && std::isfinite(w), "run_pipeline: every micro-batch needs a positive weight, got ", w,
+             " (a micro-batch whose every target is ignored cannot run in a pipeline)");
   std::vector<std::vector<Tensor>> in(static_cast<size_t>(p), std::vector<Tensor>(static_cast<size_t>(M)));  // boundary leaves
   std::vector<std::vector<Tensor>> out = in;  // graph roots
   Generator& gen = default_generator();
@@ -71,10 +89,10 @@ double run_pipeline(const PipelineSchedule& schedule, const PipelineStages& stag
       Tensor y = stages.forward(int64_t(s), int64_t(m), x);
       cursor[m] = gen.offset();
       if (int64_t(s) == p - 1) {
-        const int64_t rows = std::min(micro, batch - int64_t(m) * micro);
-        const double w = double(rows) / double(batch);
+        const double w = weights[m];
         loss += to(y.detach(), kCPU).item<double>() * w;
         y = mul(y, w);
+        if (loss_scale != 1.0) y = mul(y, loss_scale);
       }
       out[s][m] = y;
     } else {

@@ -30,15 +30,19 @@ struct PipelineStages {
 
 // A GPT's blocks in stages of counts[s] blocks (embeddings before stage 0; ln_f, the tied head
 // and the loss after the last), over micro-batches of `micro` rows of idx / targets (B, T).
-// Activation checkpointing of the model is not applied inside stages.
+// Each stage runs its blocks under the GPT's checkpoint policy (checkpoint_sequential).
 PipelineStages gpt_pipeline_stages(GPT& gpt, const std::vector<int64_t>& counts, const Tensor& idx,
                                    const Tensor& targets, int64_t micro);
 
 // ceil(batch / micro) micro-batches; micro must be in [1, batch].
 int64_t num_micro_batches(int64_t batch, int64_t micro);
 
-// Runs the schedule; each micro loss is weighted by its share of the batch (rows / batch) before
-// its backward. Returns the batch's mean loss; the gradients are in the parameters.
+// Runs the schedule; micro-batch m's loss is multiplied by weights[m] (its share of the batch's
+// terms, all > 0) and then by loss_scale (fp16 loss scaling) before its backward, as
+// optim/Trainer does. Returns the sum of weights[m] * loss_m; the gradients are in the parameters.
+double run_pipeline(const PipelineSchedule& schedule, const PipelineStages& stages, const std::vector<double>& weights,
+                    double loss_scale = 1.0);
+// The same with each micro-batch weighted by its rows (rows / batch).
 double run_pipeline(const PipelineSchedule& schedule, const PipelineStages& stages, int64_t batch, int64_t micro);
 
 }  // namespace mg

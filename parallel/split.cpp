@@ -6,6 +6,7 @@
 #include "parallel/split.h"
 
 #include <algorithm>
+#include <optional>
 #include <charconv>
 #include <cstdio>
 #include <map>
@@ -162,6 +163,26 @@ Placement stages_placement(const ModelLayout& layout, const std::vector<Device>&
     for (int64_t j = 0; j < counts[k]; ++j) p.entries.emplace_back(layout.blocks[b++], devices[k]);
   for (const auto& m : layout.last) p.entries.emplace_back(m, devices.back());
   return p;
+}
+
+std::vector<int64_t> pipeline_stage_blocks(const ResolvedPlacement& r) {
+  MG_CHECK(!r.layout.blocks.empty(), "pipeline: the ", r.layout.model, " has no blocks to cut into stages");
+  std::vector<int64_t> counts;
+  std::optional<Device> last;
+  for (const std::string& block : r.layout.blocks) {
+    std::optional<Device> dev;
+    for (const auto& [leaf, d] : r.leaves) {
+      if (!path_within(leaf, block)) continue;
+      MG_CHECK(!dev || *dev == d, "pipeline: block ", block, " lies on ", dev->str(), " and ", d.str(),
+               "; a pipeline stage holds whole blocks (use --split stages:K or balanced)");
+      dev = d;
+    }
+    MG_INTERNAL_ASSERT(dev.has_value(), "pipeline: block ", block, " has no placed modules");
+    if (!last || *last != *dev) counts.push_back(0);
+    counts.back() += 1;
+    last = dev;
+  }
+  return counts;
 }
 
 std::vector<DevicePeak> measure_on_meta(const StepProbe& probe, const Placement& placement) {

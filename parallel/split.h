@@ -74,6 +74,11 @@ BalancedPlan plan_balanced(const StepProbe& probe, const std::vector<Device>& de
 Placement split_placement(const SplitSpec& spec, Module& model, const std::vector<Device>& devices,
                           const StepProbe* probe = nullptr, BalancedPlan* plan = nullptr);
 
+// The pipeline stages a placement gives: the runs of consecutive blocks on one device, as block
+// counts in forward order (stages:K on K devices -> K stages). Errors: a block whose modules are
+// on several devices (attention-mlp), or a model without blocks.
+std::vector<int64_t> pipeline_stage_blocks(const ResolvedPlacement& r);
+
 // "cpu:0,cpu:1" -> devices (distinct, at least one).
 std::vector<Device> parse_devices(const std::string& s);
 

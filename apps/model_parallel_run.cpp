@@ -1,0 +1,71 @@
+// Placing a training command's model on its devices (see model_parallel_run.h).
+#include "apps/model_parallel_run.h"
+
+#include "core/allocator.h"
+#include "core/error.h"
+#include "parallel/pipeline.h"
+
+namespace mg {
+
+std::optional<ModelParallelRun> place_model(const ModelParallelOptions& o, Module& model, const StepProbe& probe,
+                                            const std::string& memory_limit, int64_t batch, int64_t micro_batch) {
+  if (!o.active()) return std::nullopt;
+  Placement placement;
+  BalancedPlan plan;
+  if (o.split) {
+    placement = split_placement(*o.split, model, o.devices, &probe, &plan);
+  } else {
+    placement = *o.placement;
+  }
+  // Budgets: a device the model is not built on gets its budget before the modules move there,
+  // so the move itself is held to it; the device it is built on once the others' modules left.
+  const std::vector<Device> devices = placement.devices();
+  const auto limits = parse_memory_limits(memory_limit, devices);
+  const std::vector<Tensor> params = model.parameters();
+  const std::optional<Device> home = params.empty() ? std::nullopt : std::optional<Device>(params.front().device());
+  for (const auto& [device, bytes] : limits)
+    if (device != home) set_memory_limit(device, size_t(bytes));
+  ModelParallelRun run{.devices = devices};
+  try {
+    run.placement = apply_placement(model, placement);
+  } catch (const OutOfMemoryError& e) {
+    throw OutOfMemoryError(std::string(e.what()) + "\n  while placing the model: " + placement.str());
+  }
+  run.notes.push_back("model parallel: " + o.str() + "; " + run.placement.str());
+  if (o.split && o.split->kind == SplitSpec::Kind::balanced) {
+    run.predicted = plan.predicted;
+    std::string cut = plan.str();
+    while (!cut.empty() && cut.back() == '\n') cut.pop_back();
+    run.notes.push_back(cut);
+  }
+  for (const auto& [device, bytes] : limits) {
+    if (device == home) set_memory_limit(device, size_t(bytes));  // releases what the moved modules left cached
+    const int64_t reserved = memory_stats(device).reserved.current;
+    if (reserved > bytes)
+      throw with_placement(OutOfMemoryError("out of memory on " + device.str() + ": the modules placed there take " +
+                                            format_bytes(reserved) + ", over its budget of " + format_bytes(bytes)),
+                           run.placement);
+    run.notes.push_back("memory budget of " + device.str() + ": " + format_bytes(bytes) + " (holds " +
+                        run.placement.modules_on(device) + ")");
+  }
+  if (o.pipeline) {
+    run.stage_blocks = pipeline_stage_blocks(run.placement);
+    MG_CHECK(run.stage_blocks.size() >= 2, "--pipeline: the placement puts every block on one device; a pipeline needs "
+                                           "at least two stages");
+    run.schedule = make_schedule(*o.pipeline, int64_t(run.stage_blocks.size()), num_micro_batches(batch, micro_batch));
+    char line[160];
+    std::snprintf(line, sizeof line, "pipeline %s: %zu stages x %lld micro-batches of %lld, bubble %.3f (theory %.3f)",
+                  pipeline_name(*o.pipeline).c_str(), run.stage_blocks.size(), (long long)run.schedule->micro_batches,
+                  (long long)micro_batch, run.schedule->bubble_fraction(),
+                  PipelineSchedule::theoretical_bubble(run.schedule->stages, run.schedule->micro_batches));
+    run.notes.push_back(line);
+    if (o.print_schedule) {
+      std::string s = run.schedule->str();
+      while (!s.empty() && s.back() == '\n') s.pop_back();
+      run.notes.push_back(s);
+    }
+  }
+  return run;
+}
+
+}  // namespace mg

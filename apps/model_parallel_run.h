@@ -1,0 +1,40 @@
+// A training command's model placed on its devices before the loop starts (parallel/): the
+// placement --split or --placement gives (balanced: cut points searched on meta), the per-device
+// budgets of --memory-limit, the pipeline's stages and schedule, and the lines the log prints
+// about them. The loop reads it for per-device peaks and the pipelined step.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "apps/model_parallel_options.h"
+#include "models/nn/module.h"
+#include "parallel/device_memory.h"
+#include "parallel/placement.h"
+#include "parallel/schedule.h"
+#include "parallel/split.h"
+
+namespace mg {
+
+struct ModelParallelRun {
+  ResolvedPlacement placement;
+  std::vector<Device> devices;                // where the model lives, in placement order
+  std::vector<DevicePeak> predicted{};         // balanced: each device's peak predicted on meta
+  std::vector<int64_t> stage_blocks{};         // --pipeline: blocks per stage, in forward order
+  std::optional<PipelineSchedule> schedule{};  // --pipeline over the run's micro-batches
+  std::vector<std::string> notes{};            // placement, predicted peaks, budgets, schedule
+  Device input_device() const { return placement.input_device(); }
+  Device output_device() const { return placement.output_device(); }
+};
+
+// Places `model` as `o` says; nothing when the model is not split. Call once the model is built
+// (on the first device, precision and checkpoint policy applied) and before the optimizer exists.
+// `probe` measures a step of the same model on meta (needed by balanced; it should apply the
+// run's precision, checkpointing and optimizer). `memory_limit` is --memory-limit: per device or
+// one value for every device, set after the modules moved. `batch` and `micro_batch` size the
+// pipeline's schedule.
+std::optional<ModelParallelRun> place_model(const ModelParallelOptions& o, Module& model, const StepProbe& probe,
+                                            const std::string& memory_limit, int64_t batch, int64_t micro_batch);
+
+}  // namespace mg
