@@ -18,6 +18,7 @@
 #include "core/device.h"
 #include "models/nn/module.h"
 #include "optim/grad_scaler.h"
+#include "optim/gradient_sync.h"
 #include "optim/optimizer.h"
 #include "optim/precision.h"
 
@@ -30,6 +31,9 @@ struct TrainerOptions {
   double grad_clip = 0.0;      // clip the global gradient norm to this; 0: off
   std::optional<Device> offload_activations{};  // park saved activations on this device
   GradScalerOptions scaler{};  // fp16 only
+  // Data parallelism (parallel/ddp.h): gradients summed over ranks; not owned. fp16 loss scaling
+  // and auto_fit are refused with it (ranks would decide differently and diverge).
+  GradientSync* sync = nullptr;
 };
 
 struct StepReport {
