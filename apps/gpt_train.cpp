@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "apps/ddp_setup.h"
 #include "apps/run_dir.h"
 #include "apps/run_setup.h"
 #include "autograd/autocast.h"
@@ -154,6 +155,7 @@ std::shared_ptr<const Dataset> validation_windows(const std::shared_ptr<const To
 
 GptTrainResult gpt_train(const GptTrainOptions& in) {
   GptTrainOptions o = in;
+  prepare_data_parallel(o, kCmd);  // --ddp: this rank's device, run directory and output
   const bool resuming = !o.resume.empty();
   const Device device = open_device(o.device, o.memory_limit);
   RunDir run = resuming ? resume_run_dir(o.resume, kCmd)
@@ -199,7 +201,7 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   auto train_set = std::make_shared<TokenWindowDataset>(
       file, TokenWindowOptions{.context = T, .region = train_region, .seed = derive_seed(o.seed, {kDataKey})});
   auto val_set = validation_windows(file, val_region, T, o.eval_windows);
-  DataLoader loader(train_set, {.batch_size = B, .drop_last = true, .prefetch = 2, .device = device});
+  DataLoader loader(train_set, sharded(o, {.batch_size = B, .drop_last = true, .prefetch = 2, .device = device}));
 
   Generator init_gen(derive_seed(o.seed, {kInitKey}));
   GPT model(cfg, {.gen = &init_gen, .device = device});

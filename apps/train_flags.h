@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/ddp_setup.h"
 #include "apps/technique_flags.h"
 #include "apps/training_loop.h"
 
@@ -36,6 +37,7 @@ inline std::vector<CLI::Option*> add_train_flags(CLI::App* cmd, TrainOptions& t,
   cmd->add_option("--device", t.device, "device, e.g. cpu:0")->capture_default_str();
   cmd->add_option("--memory-limit", t.memory_limit, "memory budget of the device, e.g. 512MiB");
   for (CLI::Option* f : add_technique_flags(cmd, t.techniques)) fixed.push_back(f);
+  add_data_parallel_flags(cmd, t.data_parallel);
   return fixed;
 }
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "apps/ddp_setup.h"
 #include "apps/interrupt_guard.h"
 #include "apps/prune_run.h"
 #include "apps/run_setup.h"
@@ -59,7 +60,7 @@ nlohmann::json TrainOptions::to_config(const LrSchedule& sched) const {
           {"schedule", {{"kind", "cosine"}, {"warmup_steps", sched.warmup_steps},
                         {"total_steps", sched.total_steps}, {"min_lr", sched.min_lr}}},
           {"seed", seed}, {"batch", batch}, {"checkpoint_every", checkpoint_every}, {"device", device},
-          {"techniques", techniques.to_json()}};
+          {"techniques", techniques.to_json()}, {"data_parallel", data_parallel.to_json()}};
 }
 
 LrSchedule TrainOptions::read_config(const nlohmann::json& c, const std::string& cmd) {
@@ -85,8 +86,9 @@ LrSchedule TrainOptions::read_config(const nlohmann::json& c, const std::string&
   }
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model) {
+std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model, const DistributedDataParallel* ddp) {
   std::vector<ParamGroup> groups = weight_decay_groups(model.named_parameters(), o.lr, o.weight_decay);
+  if (ddp) groups = ddp->optimizer_groups(groups);
   if (o.optimizer == OptimizerKind::sgd) return std::make_unique<SGD>(std::move(groups), SgdOptions{.momentum = o.momentum});
   if (o.optimizer == OptimizerKind::adamw8bit) return std::make_unique<AdamW8bit>(std::move(groups));
   return std::make_unique<AdamW>(std::move(groups));
@@ -97,8 +99,11 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   RunDir& run = setup.run;
   DataLoader& loader = setup.loader;
   const LrSchedule& sched = setup.schedule;
-  std::unique_ptr<Optimizer> opt = make_optimizer(o, setup.model);
-  Trainer trainer(setup.model, *opt, o.techniques.trainer_options(o.grad_clip));
+  const std::unique_ptr<DistributedDataParallel> ddp = make_data_parallel(o, setup.model);  // null without --ddp
+  std::unique_ptr<Optimizer> opt = make_optimizer(o, setup.model, ddp.get());
+  TrainerOptions trainer_options = o.techniques.trainer_options(o.grad_clip);
+  trainer_options.sync = ddp.get();
+  Trainer trainer(setup.model, *opt, trainer_options);
 
   TrainingState state;
   if (setup.resuming) {
@@ -126,6 +131,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   progress.note(task.command + ": " + task.header + ", " + optimizer_kind_name(o.optimizer) + " " + sched.str() +
                 ", techniques: " + o.techniques.str() + ", on " + setup.device.str() +
                 (setup.resuming ? ", resuming at step " + std::to_string(state.step) : "") + " -> " + run.path());
+  if (ddp) progress.note(task.command + ": " + ddp->str());
 
   PeakMeter meter(setup.device, state.peak_bytes);
   StepTimes times;
@@ -177,7 +183,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
                    csv_number(lr), csv_number(elapsed()), csv_number(step_peak)});
     r.last_loss = rep.loss;
     progress.update({.done = step, .loss = rep.loss,
-                     .throughput = double(batch.size() * task.items_per_example) / secs,
+                     .throughput = double(o.batch * task.items_per_example) / secs,  // the global batch
                      .allocated = meter.allocated(), .peak = meter.run_peak(), .limit = meter.limit(),
                      .extra = task.progress_extra(step, lr)});
     if (eval && !eval->note.empty()) progress.note(eval->note);

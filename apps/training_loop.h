@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/data_parallel_options.h"
 #include "apps/progress.h"
 #include "apps/run_dir.h"
 #include "apps/step_meters.h"
@@ -52,6 +53,7 @@ struct TrainOptions {
   TechniqueOptions techniques{};    // checkpointing, precision, accumulation, auto-fit, offload
   ProgressStyle progress = ProgressStyle::automatic;
   int64_t stop_after = -1;          // stop after this many steps without the final checkpoint (tests)
+  DataParallelOptions data_parallel{};  // --ddp, --zero, --bucket-mb (apps/ddp_setup.h)
 
   // Checks the values a new run takes from these options (resumed runs take them from config.json).
   void validate(const std::string& cmd) const;
@@ -64,8 +66,10 @@ struct TrainOptions {
   LrSchedule read_config(const nlohmann::json& config, const std::string& cmd);
 };
 
-// The optimizer `o` asks for over `model`'s parameters (no weight decay on rank < 2).
-std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model);
+class DistributedDataParallel;
+// The optimizer `o` asks for over `model`'s parameters (no weight decay on rank < 2); under ZeRO
+// over this rank's shards of them (`ddp`).
+std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model, const DistributedDataParallel* ddp = nullptr);
 
 // What the loop reports; the commands' results add their own fields.
 struct TrainResult {

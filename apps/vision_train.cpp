@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "apps/ddp_setup.h"
 #include "apps/run_dir.h"
 #include "apps/run_setup.h"
 #include "autograd/autocast.h"
@@ -179,6 +180,7 @@ VisionData load_vision_data(const std::string& data, int64_t input_size, bool au
 
 VisionTrainResult vision_train(const VisionTrainOptions& in) {
   VisionTrainOptions o = in;
+  prepare_data_parallel(o, kCmd);  // --ddp: this rank's device, run directory and output
   const bool resuming = !o.resume.empty();
   const Device device = open_device(o.device, o.memory_limit);
   RunDir run = resuming ? resume_run_dir(o.resume, kCmd) : new_run_dir(o.out, o.config ? "vision" : o.model, kCmd);
@@ -208,8 +210,8 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   const int64_t size = o.input_size > 0 && !resuming ? o.input_size : cfg.input_size;
   VisionData data = load_vision_data(o.data, size, o.augment, o.seed, o.limit_train, o.limit_test);
 
-  DataLoader loader(data.train, {.batch_size = o.batch, .shuffle = true, .seed = derive_seed(o.seed, {kShuffleKey}),
-                                 .drop_last = true, .prefetch = 2, .device = device});
+  DataLoader loader(data.train, sharded(o, {.batch_size = o.batch, .shuffle = true, .seed = derive_seed(o.seed, {kShuffleKey}),
+                                            .drop_last = true, .prefetch = 2, .device = device}));
   const int64_t per_epoch = loader.batches_per_epoch();
   if (resuming) {
     MG_CHECK(config.value("steps_per_epoch", int64_t(-1)) == per_epoch, kCmd, ": the data of '", run.path(),

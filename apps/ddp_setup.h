@@ -1,0 +1,35 @@
+// Data-parallel training in the apps: the flags, what a training command changes on each rank,
+// and the DDP wrapper the training loop steps through. Rank 0 is the run: it prints, writes
+// metrics.csv and checkpoints into the run directory. The other ranks train in step with it, print
+// nothing, write their config and metrics into a scratch directory that is removed at exit, and
+// read every global batch's rows [B r / N, B (r+1) / N) (the loader shards; same order everywhere).
+#pragma once
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "apps/data_parallel_options.h"
+#include "apps/training_loop.h"
+#include "data/data_loader.h"
+#include "parallel/ddp.h"
+
+namespace mg {
+
+void add_data_parallel_flags(CLI::App* cmd, DataParallelOptions& d);
+
+// With --ddp: joins the process group (mpirun's ranks), checks the flags (the batch divides into
+// the ranks; no fp16, auto-fit or --zero with --resume), gives each rank its share of the cores
+// unless OMP_NUM_THREADS is set, moves cuda:N to cuda:LOCAL_RANK (NCCL), and makes the ranks
+// other than 0 quiet with a scratch run directory. Without --ddp: nothing.
+void prepare_data_parallel(TrainOptions& o, const std::string& cmd);
+
+// This rank's rows of every batch.
+DataLoaderOptions sharded(const TrainOptions& o, DataLoaderOptions l);
+
+// The DDP wrapper over the loop's model (null without --ddp). Collective.
+std::unique_ptr<DistributedDataParallel> make_data_parallel(const TrainOptions& o, Module& model);
+
+// Whether this process prints the command's result (rank 0, or no --ddp).
+inline bool prints_results(const TrainOptions& o) { return !o.data_parallel.enabled || launch_info_from_env().rank == 0; }
+
+}  // namespace mg
