@@ -387,7 +387,10 @@ void DistributedDataParallel::after_step() {
     b->flat = b->shard = Tensor();
   }
   attached_ = false;
-  // Buffers (batch-norm running statistics) follow rank 0, as PyTorch's broadcast_buffers.
+  // Note [Batch norm under DDP]: each rank normalizes its forward with the statistics of its own
+  // shard (PyTorch DDP without SyncBatchNorm), so a DDP step equals one process running
+  // micro-batches of one shard each. The running statistics (buffers) then follow rank 0's, as
+  // PyTorch's broadcast_buffers: every rank evaluates and checkpoints the same model.
   NoGradGuard no_grad;
   for (const auto& [_, buf] : model_.named_buffers()) group_->broadcast(buf.detach(), 0);
 }

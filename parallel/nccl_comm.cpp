@@ -89,7 +89,7 @@ class NcclCommImpl final : public NcclComm {
 
  private:
   void check(const Tensor& t, const char* op) const {
-    MG_CHECK(t.device().is_cuda() && t.device().index() == device_, "NCCL ", op, ": rank ", group_.rank(),
+    MG_CHECK(t.device().is_cuda() && t.device().index == device_, "NCCL ", op, ": rank ", group_.rank(),
              " drives cuda:", device_, " but the tensor is on ", t.device().str());
   }
   // Queues the collective on memgrad's stream and polls it against the group's deadline.
