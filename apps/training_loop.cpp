@@ -134,7 +134,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   if (ddp) progress.note(task.command + ": " + ddp->str());
 
   PeakMeter meter(setup.device, state.peak_bytes);
-  StepTimes times;
+  StepTimes times, comm_times, exposed_times;  // the latter two: --ddp's collectives
   const auto t_start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return state.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
@@ -170,6 +170,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
     const StepReport rep = trainer.step(
         batch.size(), [&](int64_t b, int64_t n) { return task.micro_loss(batch, b, n); }, weight);
     r.offloaded_bytes = std::max(r.offloaded_bytes, rep.offloaded_bytes);
+    if (ddp) comm_times.add(ddp->comm_seconds()), exposed_times.add(ddp->exposed_comm_seconds());
     if (rep.retries > 0)
       progress.note("auto-fit: step " + std::to_string(step + 1) + " ran out of memory; retried with micro-batch " +
                     std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
@@ -196,6 +197,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   r.ms_per_step = 1000.0 * times.median();
   r.items_per_s = times.count() ? double(o.batch * task.items_per_example) / times.median() : 0.0;
   r.peak_bytes = meter.run_peak();
+  if (comm_times.count()) r.comm_ms = 1000.0 * comm_times.median(), r.exposed_comm_ms = 1000.0 * exposed_times.median();
   r.memory = StepMemory::of(meter);
   r.micro_batch = trainer.micro_batch();
   r.skipped_steps = trainer.scaler() ? trainer.scaler()->skipped_steps() : 0;

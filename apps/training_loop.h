@@ -86,6 +86,9 @@ struct TrainResult {
   int64_t skipped_steps = 0;   // fp16 steps skipped for inf/NaN gradients
   int64_t offloaded_bytes = 0; // the most saved-activation bytes one step parked on the offload device
   bool interrupted = false;    // stopped by Ctrl-C (a checkpoint was written first)
+  // --ddp, medians over the steps after the first: the communication thread's time in the
+  // gradient collectives, and the part of it backward did not hide (the step waited for it).
+  double comm_ms = 0.0, exposed_comm_ms = 0.0;
 };
 
 // An evaluation the task ran after a step: its value (metrics.csv's evaluation column) and an

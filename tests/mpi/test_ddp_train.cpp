@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "apps/apps_test_util.h"
+#include "apps/bench.h"
 #include "apps/gpt_train.h"
 #include "apps/vision_train.h"
 
@@ -105,6 +106,48 @@ TEST_CASE("gpt train --ddp: flags that do not fit the ranks are errors", "[mpi]"
   o.data_parallel.zero = 1;
   o.optimizer = OptimizerKind::adamw8bit;
   CHECK_THROWS_WITH(gpt_train(o), Catch::Contains("--zero cannot shard adamw8bit"));
+}
+
+}  // namespace mg
+
+namespace mg {
+
+TEST_CASE("bench --ddp: every rank's memory and the collectives' time", "[mpi]") {
+  test::DataTempDir tmp("ddp_bench");
+  BenchOptions o;
+  o.gpt = GPTConfig{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 2, .d_model = 32, .dropout = 0.0};
+  o.data = test::write_tiny_token_file(tmp);
+  o.techniques = "none";
+  o.steps = 3;
+  o.batch = 4 * world_size();
+  o.out = tmp.file("bench");
+  o.progress = ProgressStyle::none;
+  o.data_parallel.enabled = true;
+  o.data_parallel.bucket_mb = 0.01;  // several buckets
+  const BenchResult plain = run_bench(o);
+  o.out = tmp.file("bench_zero2");
+  o.data_parallel.zero = 2;
+  const BenchResult zero2 = run_bench(o);
+  REQUIRE(plain.rows.size() == 1);
+  const BenchRow& a = plain.rows[0];
+  const BenchRow& z = zero2.rows[0];
+  REQUIRE(a.rank_memory.size() == size_t(world_size()));
+  REQUIRE(z.rank_memory.size() == size_t(world_size()));
+  CHECK(a.comm_ms > 0);
+  CHECK(a.exposed_comm_ms <= a.comm_ms * 1.5 + 1.0);
+  const size_t optim = size_t(MemoryCategory::optimizer_state);
+  for (int r = 0; r < world_size(); ++r) {
+    // ZeRO-2 keeps about 1/N of the optimizer state on every rank (slack: padding and rounding).
+    const double share = double(z.rank_memory[size_t(r)].category[optim]) / double(a.rank_memory[size_t(r)].category[optim]);
+    CHECK(share == Approx(1.0 / world_size()).margin(0.05));
+  }
+  CHECK(std::abs(a.loss - z.loss) <= 1e-6 * std::abs(a.loss));
+  if (rank() == 0) {
+    CHECK(std::filesystem::exists(tmp.file("bench/bench.csv")));
+    const std::string table = plain.table();
+    CHECK(table.find("data-parallel over " + std::to_string(world_size()) + " ranks") != std::string::npos);
+    CHECK(table.find("% hidden behind backward") != std::string::npos);
+  }
 }
 
 }  // namespace mg
