@@ -9,6 +9,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/parallel.h"
+#include "core/safetensors.h"
 
 namespace mg {
 
@@ -58,12 +59,11 @@ void prepare_data_parallel(TrainOptions& o, const std::string& cmd) {
   d.group = ProcessGroup::world(d.timeout_s > 0 ? std::chrono::milliseconds(int64_t(d.timeout_s * 1000))
                                                 : ProcessGroup::default_timeout());
   const int N = d.world_size(), r = d.rank();
-  MG_CHECK(o.batch % N == 0, cmd, ": --batch ", o.batch, " does not split evenly over ", N, " ranks",
+  // A resumed run's batch comes from its config.json (the loader shards it, evenly or not).
+  MG_CHECK(!o.resume.empty() || o.batch % N == 0, cmd, ": --batch ", o.batch, " does not split evenly over ", N, " ranks",
            "\n  hint: --batch is the global batch; use a multiple of the number of ranks");
-  MG_CHECK(o.techniques.micro_batch <= o.batch / N, cmd, ": --micro-batch ", o.techniques.micro_batch,
+  MG_CHECK(!o.resume.empty() || o.techniques.micro_batch <= o.batch / N, cmd, ": --micro-batch ", o.techniques.micro_batch,
            " is larger than each rank's ", o.batch / N, " rows of the batch");
-  MG_CHECK(!(d.zero > 0 && !o.resume.empty()), cmd, ": --resume of a --zero run is not supported (each rank's "
-           "optimizer shard is not in the checkpoint); resume without --zero from a plain --ddp run");
   MG_CHECK(!(d.zero > 0 && o.optimizer == OptimizerKind::adamw8bit), cmd,
            ": --zero cannot shard adamw8bit (its blocks span parameter boundaries); use adamw or sgd");
   // Each rank its share of this machine's cores, unless the user chose.
@@ -78,16 +78,19 @@ void prepare_data_parallel(TrainOptions& o, const std::string& cmd) {
     d.group->init_nccl();
   }
   if (r != 0) {
-    o.progress = ProgressStyle::none;
-    o.save_checkpoints = false;
+    o.progress = ProgressStyle::none;  // checkpoints: save_run_checkpoint writes on rank 0 only
     o.techniques.profile = false;
-    if (o.resume.empty()) {
-      std::error_code ec;
-      if (!g_scratch.path.empty()) fs::remove_all(g_scratch.path, ec);  // an earlier run of this process
-      g_scratch.path = (fs::temp_directory_path() / ("memgrad-rank" + std::to_string(r) + "-" + std::to_string(getpid()))).string();
-      o.out = g_scratch.path;
-    }
+    std::error_code ec;
+    if (!g_scratch.path.empty()) fs::remove_all(g_scratch.path, ec);  // an earlier run of this process
+    g_scratch.path = (fs::temp_directory_path() / ("memgrad-rank" + std::to_string(r) + "-" + std::to_string(getpid()))).string();
+    if (o.resume.empty()) o.out = g_scratch.path;  // a resumed run reads rank 0's directory
   }
+}
+
+std::pair<std::string, int64_t> metrics_file(const TrainOptions& o, const RunDir& run, int64_t resume_step) {
+  if (o.data_parallel.is_root()) return {run.metrics_path(), resume_step};
+  fs::create_directories(g_scratch.path);
+  return {g_scratch.path + "/metrics.csv", -1};
 }
 
 DataLoaderOptions sharded(const TrainOptions& o, DataLoaderOptions l) {
@@ -102,6 +105,30 @@ std::unique_ptr<DistributedDataParallel> make_data_parallel(const TrainOptions& 
   MG_CHECK(d.group, "make_data_parallel: prepare_data_parallel was not called");
   return std::make_unique<DistributedDataParallel>(
       model, d.group, DdpOptions{.bucket_bytes = int64_t(d.bucket_mb * double(1 << 20)), .zero = d.zero});
+}
+
+}  // namespace mg
+
+namespace mg {
+
+void save_run_checkpoint(const RunDir& run, const Module& model, const Optimizer& opt,
+                         const DistributedDataParallel* ddp, const TrainingState& state) {
+  if (ddp && ddp->sharded()) {
+    const DistributedDataParallel::OptimizerState full = ddp->gather_optimizer_state(opt);  // every rank
+    if (ddp->group().rank() == 0)
+      run.save_checkpoint(model, [&](const std::string& path) { save_safetensors(path, full.tensors, full.metadata); }, state);
+    return;
+  }
+  if (!ddp || ddp->group().rank() == 0) run.save_checkpoint(model, opt, state);
+}
+
+TrainingState load_run_checkpoint(const RunDir& run, Module& model, Optimizer& opt, const DistributedDataParallel* ddp) {
+  if (!ddp || !ddp->sharded()) return run.load_checkpoint(model, &opt);
+  return run.load_checkpoint(model, [&](const std::string& path) {
+    const DistributedDataParallel::OptimizerState shard =
+        ddp->shard_optimizer_state({load_safetensors(path), load_safetensors_metadata(path)});
+    opt.load_state_dict(shard.tensors, shard.metadata);
+  });
 }
 
 }  // namespace mg

@@ -107,7 +107,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
 
   TrainingState state;
   if (setup.resuming) {
-    state = run.load_checkpoint(setup.model, opt.get());
+    state = load_run_checkpoint(run, setup.model, *opt, ddp.get());  // --zero: this rank's shard
     MG_CHECK(state.generators.count("dropout"), task.command, ": the checkpoint of '", run.path(),
              "' has no dropout generator state");
     state.generators.at("dropout").restore(dropout_generator());
@@ -118,9 +118,8 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   }
   // A run pruned by magnitude (memgrad prune) keeps its pruned weights at zero after every step.
   const auto prune_masks = setup.resuming ? attach_prune_masks(run, setup.model, *opt) : nullptr;
-  MetricsWriter metrics(run.metrics_path(),
-                        {"step", "loss", task.eval_column, "lr", "time_s", "peak_bytes"},
-                        setup.resuming ? state.step : -1);
+  const auto [metrics_path, metrics_from] = metrics_file(o, run, setup.resuming ? state.step : -1);  // --ddp: rank 0's
+  MetricsWriter metrics(metrics_path, {"step", "loss", task.eval_column, "lr", "time_s", "peak_bytes"}, metrics_from);
 
   TrainResult r;
   r.run_dir = run.path();
@@ -141,7 +140,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   };
   auto checkpoint = [&](int64_t step) {
     if (!o.save_checkpoints) return;
-    run.save_checkpoint(setup.model, *opt,
+    save_run_checkpoint(run, setup.model, *opt, ddp.get(),  // --ddp: rank 0 writes
                         {.step = step, .position = loader.position(),
                          .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
                          .elapsed_s = elapsed(), .peak_bytes = meter.run_peak(), .trainer = trainer.state()});

@@ -5,6 +5,7 @@
 // idle. Buckets are filled from the last parameter backwards: backward finishes the last layers
 // first, so the first bucket is ready early and its all-reduce overlaps the rest of backward.
 #include "parallel/ddp.h"
+#include "parallel/ddp_bucket.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -23,26 +24,6 @@
 namespace mg {
 
 using Clock = std::chrono::steady_clock;
-
-struct DistributedDataParallel::Bucket {
-  DType dtype = DType::f32;
-  Device device = kCPU;
-  std::vector<size_t> params;    // indices into params_
-  std::vector<int64_t> offsets;  // each parameter's first element in the bucket
-  int64_t numel = 0, padded = 0;  // padded: a multiple of the world size (Note [ZeRO shards])
-  Tensor flat;    // (padded) the gradients, while a step runs (stages 0, 1; stage 2 per launch)
-  Tensor shard;   // (padded / N) stage 2: this rank's slice of the reduced gradients
-  int64_t pending = 0;
-  bool ready = false, launched = false;
-  // ZeRO: this rank's pieces of the parameters (views) and their place in the bucket.
-  struct Piece {
-    size_t param;
-    int64_t begin, length;  // in the bucket
-    std::string name;
-    Tensor view;  // (length) of the parameter's storage
-  };
-  std::vector<Piece> pieces;
-};
 
 // One worker that runs collectives in the order queued; the first error is kept and re-thrown
 // by wait_idle. Tasks are destroyed on the worker, so buffers they hold are freed there.
@@ -245,12 +226,16 @@ std::vector<ParamGroup> DistributedDataParallel::optimizer_groups(const std::vec
   for (const auto& b : buckets_)
     for (const auto& pc : b->pieces) pieces[params_[pc.param].first].push_back(&pc);
   std::vector<ParamGroup> out;
+  group_sizes_.clear();
+  group_pieces_.clear();
   for (const auto& g : groups) {
+    group_sizes_.push_back(int64_t(g.params.size()));
     ParamGroup s{.name = g.name, .params = {}, .lr = g.lr, .weight_decay = g.weight_decay};
     for (const auto& [n, _] : g.params) {
       MG_CHECK(known.count(n), "DDP: the optimizer's parameter '", n, "' is not a parameter of the model");
       for (const auto* pc : pieces[n]) s.params.emplace_back(pc->name, pc->view);
     }
+    group_pieces_.push_back(int64_t(s.params.size()));
     out.push_back(std::move(s));
   }
   return out;

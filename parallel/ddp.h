@@ -7,6 +7,7 @@
 // the optimizer state, stage 2 also the gradients (reduce-scattered bucket by bucket).
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,6 +61,18 @@ class DistributedDataParallel final : public GradientSync {
   double exposed_comm_seconds() const { return exposed_s_; }
   std::string str() const;  // "DDP over 2 ranks, 1 bucket (3.3 MB), ZeRO-1"
 
+  // Note [ZeRO checkpoints]: a checkpoint holds the optimizer state of the whole model, as one
+  // process would save it, so a ZeRO run resumes with any --zero (and a plain run with ZeRO).
+  // gather_optimizer_state (collective) assembles it from every rank's shard of `opt` (an
+  // optimizer over optimizer_groups()); shard_optimizer_state cuts this rank's shard out of it,
+  // ready for opt.load_state_dict. Stage 0 passes both through.
+  struct OptimizerState {
+    NamedTensors tensors;
+    std::map<std::string, std::string> metadata;
+  };
+  OptimizerState gather_optimizer_state(const Optimizer& opt) const;
+  OptimizerState shard_optimizer_state(const OptimizerState& full) const;
+
  private:
   struct Bucket;
   class CommThread;
@@ -81,6 +94,8 @@ class DistributedDataParallel final : public GradientSync {
   size_t next_launch_ = 0;    // buckets launch in index order on every rank
   double comm_s_ = 0, exposed_s_ = 0;
   std::shared_ptr<DistributedDataParallel*> alive_;  // what the grad-ready hooks call through
+  // Per optimizer group: its parameters, and this rank's pieces of them (optimizer_groups).
+  mutable std::vector<int64_t> group_sizes_, group_pieces_;
 };
 
 }  // namespace mg

@@ -151,3 +151,49 @@ TEST_CASE("bench --ddp: every rank's memory and the collectives' time", "[mpi]")
 }
 
 }  // namespace mg
+
+namespace mg {
+
+TEST_CASE("gpt train --ddp --zero 2: an interrupted and resumed run equals the uninterrupted one; the checkpoint "
+          "is a whole optimizer state", "[mpi]") {
+  test::DataTempDir tmp("ddp_resume");
+  // Every rank resumes from rank 0's run directory.
+  const std::string root = ProcessGroup::world()->broadcast_string(tmp.dir.string(), 0);
+  GptTrainOptions o;
+  o.model = GPTConfig{.vocab_size = 256, .context = 16, .n_layer = 1, .n_head = 2, .d_model = 32, .dropout = 0.0};
+  o.data = test::write_tiny_token_file(tmp);
+  o.steps = 6;
+  o.batch = 2 * world_size();
+  o.lr = 1e-2;
+  o.warmup = 1;
+  o.eval_every = 6;
+  o.eval_windows = 4;
+  o.checkpoint_every = 3;
+  o.progress = ProgressStyle::none;
+  o.data_parallel.enabled = true;
+  o.data_parallel.zero = 2;
+  GptTrainOptions full = o, split = o;
+  full.out = tmp.file("full");
+  split.out = tmp.file("split");
+  split.stop_after = 4;  // killed after step 4: the checkpoint is step 3's
+  const GptTrainResult want = gpt_train(full);
+  gpt_train(split);
+  GptTrainOptions resume;
+  resume.resume = root + "/split";
+  resume.progress = ProgressStyle::none;
+  resume.data_parallel = o.data_parallel;
+  const GptTrainResult got = gpt_train(resume);
+  CHECK(got.first_step == 3);
+  CHECK(got.last_loss == want.last_loss);
+  if (rank() == 0) {
+    CHECK(test::metrics_column(tmp.file("split"), "loss") == test::metrics_column(tmp.file("full"), "loss"));
+    // The checkpoint's optimizer state is the whole model's: a plain optimizer loads it.
+    GPT model(*o.model);
+    auto opt = make_optimizer(o, model);
+    opt->load(tmp.file("full/checkpoint/optimizer.safetensors"));
+    CHECK(opt->state("wte.weight") != nullptr);
+    CHECK(opt->state("wte.weight")->step == 6);
+  }
+}
+
+}  // namespace mg
