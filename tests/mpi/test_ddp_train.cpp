@@ -66,6 +66,31 @@ TEST_CASE("gpt train --ddp: the losses of one process on the global batch", "[mp
   }
 }
 
+TEST_CASE("gpt train --ddp: gpt-mini's losses of one process (DDP; ZeRO-1 with accumulation)", "[mpi]") {
+  test::DataTempDir tmp("ddp_gpt_mini");
+  GptTrainOptions o;
+  o.config = "gpt-mini";
+  o.data = test::write_tiny_token_file(tmp);
+  o.steps = 3;
+  o.batch = 2 * world_size();
+  o.warmup = 0;
+  o.eval_every = 3;
+  o.eval_windows = 2;
+  o.progress = ProgressStyle::none;
+  o.save_checkpoints = false;
+  for (auto [micro, zero] : {std::pair<int64_t, int>{0, 0}, {1, 1}}) {
+    INFO("micro-batch " << micro << ", zero " << zero);
+    o.techniques.micro_batch = micro;
+    GptTrainOptions one = o, d = o;
+    one.out = tmp.file("one" + std::to_string(micro));
+    d.out = tmp.file("ddp" + std::to_string(micro));
+    d.data_parallel.enabled = true;
+    d.data_parallel.zero = zero;
+    const GptTrainResult want = gpt_train(one), got = gpt_train(d);
+    check_losses(d.out, one.out, got.last_loss, want.last_loss);
+  }
+}
+
 TEST_CASE("vision train --ddp: the losses of one process with batch norm per shard", "[mpi]") {
   test::DataTempDir tmp("ddp_vision");
   const std::string images = test::write_tiny_image_folder(tmp, 24);
