@@ -376,8 +376,41 @@ void DistributedDataParallel::after_step() {
   // shard (PyTorch DDP without SyncBatchNorm), so a DDP step equals one process running
   // micro-batches of one shard each. The running statistics (buffers) then follow rank 0's, as
   // PyTorch's broadcast_buffers: every rank evaluates and checkpoints the same model.
+  broadcast_buffers();
+}
+
+void DistributedDataParallel::broadcast_buffers() {
+  // One broadcast per dtype and device: the buffers packed into a flat tensor and back.
   NoGradGuard no_grad;
-  for (const auto& [_, buf] : model_.named_buffers()) group_->broadcast(buf.detach(), 0);
+  const NamedTensors buffers = model_.named_buffers();
+  std::vector<bool> done(buffers.size(), false);
+  for (size_t i = 0; i < buffers.size(); ++i) {
+    if (done[i]) continue;
+    const Tensor& first = buffers[i].second;
+    std::vector<size_t> same;
+    int64_t n = 0;
+    for (size_t j = i; j < buffers.size(); ++j)
+      if (!done[j] && buffers[j].second.dtype() == first.dtype() && buffers[j].second.device() == first.device()) {
+        same.push_back(j);
+        n += buffers[j].second.numel();
+        done[j] = true;
+      }
+    MemoryCategoryGuard tag(MemoryCategory::workspace);
+    Tensor flat = empty({n}, {.dtype = first.dtype(), .device = first.device()});
+    int64_t at = 0;
+    for (size_t j : same) {
+      const Tensor& b = buffers[j].second;
+      copy_(narrow(flat, 0, at, b.numel()), reshape(b.detach(), {b.numel()}));
+      at += b.numel();
+    }
+    group_->broadcast(flat, 0);
+    at = 0;
+    for (size_t j : same) {
+      const Tensor& b = buffers[j].second;
+      copy_(b.detach(), view(narrow(flat, 0, at, b.numel()), b.shape()));
+      at += b.numel();
+    }
+  }
 }
 
 }  // namespace mg

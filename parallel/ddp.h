@@ -81,6 +81,7 @@ class DistributedDataParallel final : public GradientSync {
   void launch(Bucket& b);
   void attach_buckets();
   void gather_parameters();
+  void broadcast_buffers();  // rank 0's model buffers to every rank
 
   Module& model_;
   std::shared_ptr<ProcessGroup> group_;

@@ -30,7 +30,7 @@ constexpr int kSteps = 3;
 
 struct Run {
   std::vector<double> losses;
-  std::vector<double> weights;  // every parameter, flattened, after the steps (bits of f32 values)
+  std::vector<double> weights;  // every parameter and buffer, flattened, after the steps
 };
 
 // A model, its batch (rows of the global batch) and its loss.
@@ -101,14 +101,16 @@ Run train(const Task& task, int64_t B, int64_t micro, bool data_parallel, int ze
     const StepReport rep = trainer.step(count, [&](int64_t b, int64_t n) { return task.loss(*model, s, row + b, n); });
     r.losses.push_back(rep.loss);
   }
-  for (const auto& [_, p] : model->named_parameters()) {
+  NamedTensors all = model->named_parameters();
+  for (auto& b : model->named_buffers()) all.push_back(b);  // batch-norm statistics follow rank 0
+  for (const auto& [_, p] : all) {
     auto v = p.to_double_vector();
     r.weights.insert(r.weights.end(), v.begin(), v.end());
   }
   return r;
 }
 
-// The losses within 1e-6 relative; the weights bit-equal on every rank (the ranks stay in step).
+// The losses within 1e-6 relative; the weights and buffers bit-equal on every rank (in step).
 // The weights are not compared with the reference: Adam divides by the gradient's magnitude, so
 // entries whose true gradient is zero (the attention key bias) move by rounding noise alone.
 void check_equal(const Run& got, const Run& want) {
