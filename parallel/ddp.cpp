@@ -157,6 +157,7 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
   // Buckets from the last parameter backwards (Note [Bucket order]).
   const int64_t N = group_->world_size();
   bucket_of_.resize(params_.size());
+  offset_of_.resize(params_.size());
   for (size_t k = params_.size(); k-- > 0;) {
     const Tensor& p = params_[k].second;
     Bucket* b = buckets_.empty() ? nullptr : buckets_.back().get();
@@ -169,6 +170,7 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
     }
     b->params.push_back(k);
     b->offsets.push_back(b->numel);
+    offset_of_[k] = b->numel;
     b->numel += p.numel();
     bucket_of_[k] = buckets_.size() - 1;
   }
@@ -243,19 +245,24 @@ std::vector<ParamGroup> DistributedDataParallel::optimizer_groups(const std::vec
 
 double DistributedDataParallel::sum_across(double local) { return group_->all_reduce_scalar(local); }
 
-void DistributedDataParallel::attach_buckets() {
+// Note [Lazy buckets]: a bucket's buffer is allocated when the first of its gradients is ready,
+// and each gradient moves into its view as it becomes ready (the engine's fresh tensor is freed
+// at once); later micro-batches accumulate straight into the views. Allocating every bucket
+// before the forward would hold the whole gradient through the activations' peak, which one
+// process does not: this way the gradient bytes appear during backward, bucket by bucket.
+void DistributedDataParallel::adopt_gradient(size_t k) {
+  Bucket& b = *buckets_[bucket_of_[k]];
+  const Tensor& p = params_[k].second;
   NoGradGuard no_grad;
-  MemoryCategoryGuard tag(MemoryCategory::gradient);
-  for (auto& b : buckets_) {
-    b->flat = zeros({b->padded}, {.dtype = b->dtype, .device = b->device});
-    for (size_t j = 0; j < b->params.size(); ++j) {
-      const Tensor& p = params_[b->params[j]].second;
-      Tensor v = view(narrow(b->flat, 0, b->offsets[j], p.numel()), p.shape());
-      if (p.grad().defined()) copy_(v, p.grad());
-      p.set_grad(v);
-    }
+  if (!b.flat.defined()) {
+    MemoryCategoryGuard tag(MemoryCategory::gradient);
+    b.flat = zeros({b.padded}, {.dtype = b.dtype, .device = b.device});
   }
-  attached_ = true;
+  const Tensor& g = p.grad();
+  if (g.defined() && g.storage() == b.flat.storage()) return;  // already its view
+  Tensor v = view(narrow(b.flat, 0, offset_of_[k], p.numel()), p.shape());
+  if (g.defined()) copy_(v, g);
+  p.set_grad(v);
 }
 
 void DistributedDataParallel::before_micro_batch(int64_t index, int64_t count) {
@@ -264,7 +271,6 @@ void DistributedDataParallel::before_micro_batch(int64_t index, int64_t count) {
     launch_ready();
   }
   syncing_ = opt_.zero == 2 || index == count - 1;  // no_sync for all but the last micro-batch
-  if (opt_.zero < 2 && !attached_) attach_buckets();
   for (auto& b : buckets_) {
     b->pending = int64_t(b->params.size());
     b->ready = b->launched = false;
@@ -273,6 +279,7 @@ void DistributedDataParallel::before_micro_batch(int64_t index, int64_t count) {
 }
 
 void DistributedDataParallel::on_grad_ready(size_t k) {
+  if (opt_.zero < 2) adopt_gradient(k);  // Note [Lazy buckets]
   if (!syncing_) return;
   Bucket& b = *buckets_[bucket_of_[k]];
   if (--b.pending == 0) b.ready = true;
@@ -326,7 +333,9 @@ void DistributedDataParallel::launch(Bucket& b) {
 }
 
 void DistributedDataParallel::finish_gradients() {
-  if (opt_.zero < 2 && !attached_) attach_buckets();  // no backward ran on this rank: zeros
+  // Parameters without a gradient in this step (unused, or no backward ran here) get zeros.
+  if (opt_.zero < 2)
+    for (size_t k = 0; k < params_.size(); ++k) adopt_gradient(k);
   for (auto& b : buckets_) b->ready = true;  // unused parameters fire no hook (Note [Bucket order])
   launch_ready();
   syncing_ = false;
@@ -371,7 +380,6 @@ void DistributedDataParallel::after_step() {
     for (auto& pc : b->pieces) pc.view.set_grad(Tensor());
     b->flat = b->shard = Tensor();
   }
-  attached_ = false;
   // Note [Batch norm under DDP]: each rank normalizes its forward with the statistics of its own
   // shard (PyTorch DDP without SyncBatchNorm), so a DDP step equals one process running
   // micro-batches of one shard each. The running statistics (buffers) then follow rank 0's, as

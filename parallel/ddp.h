@@ -3,7 +3,7 @@
 // update. Parameters are grouped into buckets (~25 MiB) in the order backward finishes them;
 // a bucket is all-reduced on a communication thread as soon as its last gradient is ready (the
 // engine's grad-ready hooks), overlapping the rest of backward. The parameters' gradients are
-// views into the buckets, so no second copy exists. ZeRO (Note [ZeRO shards]): stage 1 shards
+// views into the buckets (moved there as each becomes ready), so no second copy exists. ZeRO (Note [ZeRO shards]): stage 1 shards
 // the optimizer state, stage 2 also the gradients (reduce-scattered bucket by bucket).
 #pragma once
 #include <cstdint>
@@ -79,7 +79,7 @@ class DistributedDataParallel final : public GradientSync {
   void on_grad_ready(size_t param);
   void launch_ready();
   void launch(Bucket& b);
-  void attach_buckets();
+  void adopt_gradient(size_t param);  // into its bucket's view (stages 0, 1)
   void gather_parameters();
   void broadcast_buffers();  // rank 0's model buffers to every rank
 
@@ -88,10 +88,10 @@ class DistributedDataParallel final : public GradientSync {
   DdpOptions opt_;
   NamedTensors params_;
   std::vector<size_t> bucket_of_;  // param -> bucket
+  std::vector<int64_t> offset_of_;  // param -> its first element in the bucket
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::unique_ptr<CommThread> comm_;
   bool syncing_ = false;      // this backward's hooks launch buckets
-  bool attached_ = false;     // gradients are views into the buckets this step
   size_t next_launch_ = 0;    // buckets launch in index order on every rank
   double comm_s_ = 0, exposed_s_ = 0;
   std::shared_ptr<DistributedDataParallel*> alive_;  // what the grad-ready hooks call through
