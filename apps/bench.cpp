@@ -8,7 +8,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unistd.h>
 
+#include "apps/ddp_setup.h"
 #include "core/allocator.h"
 #include "core/error.h"
 #include "data/token_file.h"
@@ -37,6 +39,24 @@ bool is_gpt(const BenchOptions& o) {
 Device offload_target(const Device& d) { return d.is_cpu() ? Device(DeviceType::cpu, d.index + 1) : kCPU; }
 
 double mib(int64_t bytes) { return double(bytes) / (1024.0 * 1024.0); }
+
+// Every rank's step memory (peak, reserved, each category), gathered on every rank (--ddp).
+std::vector<StepMemory> gather_rank_memory(const StepMemory& mine) {
+  auto g = ProcessGroup::world();
+  constexpr int64_t k = 2 + kNumMemoryCategories;
+  Tensor in = empty({k}, {.dtype = DType::i64}), all = empty({k * g->world_size()}, {.dtype = DType::i64});
+  int64_t* p = in.data<int64_t>();
+  p[0] = mine.peak, p[1] = mine.reserved;
+  for (size_t c = 0; c < kNumMemoryCategories; ++c) p[2 + c] = mine.category[c];
+  g->all_gather(in, all);
+  std::vector<StepMemory> out(size_t(g->world_size()));
+  for (size_t r = 0; r < out.size(); ++r) {
+    const int64_t* q = all.data<int64_t>() + r * k;
+    out[r].peak = q[0], out[r].reserved = q[1];
+    for (size_t c = 0; c < kNumMemoryCategories; ++c) out[r].category[c] = q[2 + c];
+  }
+  return out;
+}
 
 void fresh_state(const Device& d, const std::vector<Combination>& combos) {
   empty_cache(d);
@@ -123,7 +143,14 @@ BenchResult run_bench(const BenchOptions& o) {
   r.steps = o.steps;
   r.batch = o.batch > 0 ? o.batch : gpt ? 8 : 64;
   const std::vector<Combination> combos = parse_combinations(o.techniques, r.batch, device);
-  if (o.out.empty()) {
+  // --ddp: rank 0 writes the folder; the other ranks work in a scratch one of their own.
+  const LaunchInfo launch = launch_info_from_env();
+  r.world_size = o.data_parallel.enabled ? launch.world_size : 1;
+  if (o.data_parallel.enabled && launch.rank != 0) {
+    r.out_dir = (fs::temp_directory_path() / ("memgrad-bench-rank" + std::to_string(launch.rank) + "-" +
+                                              std::to_string(::getpid()))).string();
+    fs::remove_all(r.out_dir);
+  } else if (o.out.empty()) {
     char stamp[32];
     std::time_t now = std::time(nullptr);
     std::strftime(stamp, sizeof(stamp), "%Y%m%d-%H%M%S", std::localtime(&now));
@@ -164,7 +191,9 @@ BenchResult run_bench(const BenchOptions& o) {
       t.save_checkpoints = false;
       t.techniques = c.techniques;
       t.progress = ProgressStyle::none;
+      t.data_parallel = o.data_parallel;
       GptTrainResult g = gpt_train(t);
+      row.comm_ms = g.comm_ms, row.exposed_comm_ms = g.exposed_comm_ms;
       row.offloaded_bytes = g.offloaded_bytes;
       row.memory = g.memory;
       row.ms_per_step = g.ms_per_step;
@@ -186,7 +215,9 @@ BenchResult run_bench(const BenchOptions& o) {
       t.save_checkpoints = false;
       t.techniques = c.techniques;
       t.progress = ProgressStyle::none;
+      t.data_parallel = o.data_parallel;
       VisionTrainResult v = vision_train(t);
+      row.comm_ms = v.comm_ms, row.exposed_comm_ms = v.exposed_comm_ms;
       row.offloaded_bytes = v.offloaded_bytes;
       MG_CHECK(v.steps_done == o.steps, "bench: the data gave ", v.steps_done, " steps instead of ", o.steps,
                " (fewer than ", r.batch * o.steps, " training images)");
@@ -196,13 +227,18 @@ BenchResult run_bench(const BenchOptions& o) {
       row.loss = v.last_loss;
       row.micro_batch = v.micro_batch;
     }
-    if (o.progress != ProgressStyle::none) {
+    if (o.data_parallel.enabled) row.rank_memory = gather_rank_memory(row.memory);
+    if (o.progress != ProgressStyle::none && launch.rank == 0) {
       std::printf("bench %-22s peak %8.2f MiB  activations %8.2f MiB  %8.1f ms/step  loss %.4f\n", c.name.c_str(),
                   mib(row.memory.peak), mib(row.memory.category[size_t(MemoryCategory::activation)]), row.ms_per_step,
                   row.loss);
       std::fflush(stdout);
     }
     r.rows.push_back(row);
+  }
+  if (launch.rank != 0 && o.data_parallel.enabled) {
+    fs::remove_all(r.out_dir);
+    return r;
   }
   write_bench_csv(r, r.out_dir + "/bench.csv");
   write_bench_html(r, r.out_dir + "/bench.html");
@@ -220,6 +256,11 @@ std::string BenchResult::table() const {
                 model.c_str(), (long long)batch, (long long)steps, (long long)(steps > 2 ? steps - 1 : steps),
                 base.name.c_str());
   os << line;
+  if (world_size > 1) {
+    std::snprintf(line, sizeof(line), "data-parallel over %d ranks: batch %lld is the global batch; rows of memory per "
+                  "rank follow each combination (the combination's own row is rank 0's)\n", world_size, (long long)batch);
+    os << line;
+  }
   if (steps - 1 < 5)
     os << "warning: the times are medians of fewer than 5 steps; give --steps 6 or more for figures to compare\n";
   std::snprintf(line, sizeof(line), "%-22s %8s %8s %8s %8s %8s %8s %8s %9s %9s %9s %10s %8s %6s %6s %6s\n", "combination",
@@ -239,6 +280,22 @@ std::string BenchResult::table() const {
                   row.throughput, row.loss, ratio(double(row.memory.peak), double(base.memory.peak)),
                   ratio(double(act(row)), double(act(base))), ratio(row.ms_per_step, base.ms_per_step));
     os << line;
+    for (size_t k = 0; k < row.rank_memory.size(); ++k) {  // --ddp: each rank's own peaks
+      const auto& m = row.rank_memory[k];
+      auto rc = [&](MemoryCategory x) { return mib(m.category[size_t(x)]); };
+      std::snprintf(line, sizeof(line), "  rank %-15zu %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f\n", k,
+                    rc(MemoryCategory::parameter), rc(MemoryCategory::gradient), rc(MemoryCategory::optimizer_state),
+                    rc(MemoryCategory::activation), rc(MemoryCategory::workspace), rc(MemoryCategory::input), mib(m.peak),
+                    mib(m.reserved));
+      os << line;
+    }
+    if (!row.rank_memory.empty()) {
+      std::snprintf(line, sizeof(line),
+                    "  collectives %.1f ms/step, %.1f ms of it after backward: %.0f%% hidden behind backward\n",
+                    row.comm_ms, row.exposed_comm_ms,
+                    row.comm_ms > 0 ? 100.0 * std::max(0.0, 1.0 - row.exposed_comm_ms / row.comm_ms) : 0.0);
+      os << line;
+    }
   }
   return os.str();
 }

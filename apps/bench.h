@@ -38,17 +38,22 @@ struct BenchOptions {
   std::string out{};                // folder for bench.csv, bench.html and the runs ("" = runs/bench-<model>-<time>)
   uint64_t seed = 1;
   ProgressStyle progress = ProgressStyle::lines;
+  // --ddp (under mpirun): every row trains data-parallel over the ranks (--batch is the global
+  // batch); the table adds each rank's memory and the collectives' time, rank 0 writes the files.
+  DataParallelOptions data_parallel{};
 };
 
 struct BenchRow {
   std::string name;
   TechniqueOptions techniques;
-  StepMemory memory;
+  StepMemory memory{};
   double ms_per_step = 0.0;
   double throughput = 0.0;  // tokens/s or images/s
   double loss = 0.0;        // the last step's
   int64_t micro_batch = 0;
   int64_t offloaded_bytes = 0;  // saved activations parked on the offload device (most in one step)
+  std::vector<StepMemory> rank_memory{};  // --ddp: every rank's, in rank order
+  double comm_ms = 0.0, exposed_comm_ms = 0.0;  // --ddp: TrainResult's
 };
 
 struct BenchResult {
@@ -58,6 +63,7 @@ struct BenchResult {
   // The row ratios are taken against: "none" when it ran, else the first.
   const BenchRow& baseline() const;
   std::string table() const;  // the printed table
+  int world_size = 1;          // --ddp: the ranks
 };
 
 BenchResult run_bench(const BenchOptions& options);

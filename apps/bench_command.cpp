@@ -6,6 +6,7 @@
 
 #include "apps/bench.h"
 #include "apps/commands.h"
+#include "apps/ddp_setup.h"
 
 namespace mg {
 
@@ -25,8 +26,10 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--device", o->device, "device, e.g. cpu:0")->capture_default_str();
   cmd->add_option("--seed", o->seed, "seed of every run")->capture_default_str();
   cmd->add_option("--out", o->out, "folder for bench.csv, bench.html and the runs (default: runs/bench-<model>-<time>)");
+  add_data_parallel_flags(cmd, o->data_parallel);
   cmd->callback([o] {
     BenchResult r = run_bench(*o);
+    if (o->data_parallel.enabled && launch_info_from_env().rank != 0) return;  // rank 0 reports
     std::printf("%s", r.table().c_str());
     std::printf("wrote %s/bench.csv and %s/bench.html\n", r.out_dir.c_str(), r.out_dir.c_str());
   });

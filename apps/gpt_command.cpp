@@ -64,7 +64,8 @@ void add_gpt_command(CLI::App& app) {
       for (CLI::Option* f : fixed) reject_on_resume(f->count() > 0, f->get_name(), "gpt train");
       o.resume_steps = steps->count() > 0 ? t->steps : 0;
     }
-    print_train_result(gpt_train(o));
+    const GptTrainResult r = gpt_train(o);
+    if (prints_results(o)) print_train_result(r);  // --ddp: rank 0 only
   });
 
   auto s = std::make_shared<GptSampleOptions>();

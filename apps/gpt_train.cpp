@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "apps/ddp_setup.h"
 #include "apps/run_dir.h"
 #include "apps/run_setup.h"
 #include "autograd/autocast.h"
@@ -169,6 +170,7 @@ StepProbe gpt_probe(const GPTConfig& cfg, const GptTrainOptions& o) {
 
 GptTrainResult gpt_train(const GptTrainOptions& in) {
   GptTrainOptions o = in;
+  prepare_data_parallel(o, kCmd);  // --ddp: this rank's device, run directory and output
   const bool resuming = !o.resume.empty();
   // The model is built on --device; a split one is then placed on its devices (place_model).
   // Budgets are set once the run's devices are known (a resumed run's come from config.json).
@@ -229,7 +231,7 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   const std::optional<ModelParallelRun> parallel =
       place_model(o.parallel, model, gpt_probe(cfg, o), o.memory_limit, B, o.techniques.micro_batch);
   const Device data_device = parallel ? parallel->input_device() : device;  // tokens and targets (wte's device)
-  DataLoader loader(train_set, {.batch_size = B, .drop_last = true, .prefetch = 2, .device = data_device});
+  DataLoader loader(train_set, sharded(o, {.batch_size = B, .drop_last = true, .prefetch = 2, .device = data_device}));
 
   GptTrainResult r;
   r.config = cfg;

@@ -22,15 +22,17 @@ std::optional<ModelParallelRun> place_model(const ModelParallelOptions& o, Modul
   const std::vector<Device> devices = placement.devices();
   const auto limits = parse_memory_limits(memory_limit, devices);
   const std::vector<Tensor> params = model.parameters();
-  const std::optional<Device> home = params.empty() ? std::nullopt : std::optional<Device>(params.front().device());
+  const Device home = params.empty() ? kCPU : params.front().device();  // where the model was built
   for (const auto& [device, bytes] : limits)
     if (device != home) set_memory_limit(device, size_t(bytes));
-  ModelParallelRun run{.devices = devices};
-  try {
-    run.placement = apply_placement(model, placement);
-  } catch (const OutOfMemoryError& e) {
-    throw OutOfMemoryError(std::string(e.what()) + "\n  while placing the model: " + placement.str());
-  }
+  auto place = [&] {
+    try {
+      return apply_placement(model, placement);
+    } catch (const OutOfMemoryError& e) {
+      throw OutOfMemoryError(std::string(e.what()) + "\n  while placing the model: " + placement.str());
+    }
+  };
+  ModelParallelRun run{.placement = place(), .devices = devices};
   run.notes.push_back("model parallel: " + o.str() + "; " + run.placement.str());
   if (o.split && o.split->kind == SplitSpec::Kind::balanced) {
     run.predicted = plan.predicted;

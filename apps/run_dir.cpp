@@ -218,22 +218,32 @@ std::string RunDir::checkpoint_for_reading() const {
 }
 
 void RunDir::save_checkpoint(const Module& model, const Optimizer& opt, const TrainingState& state) const {
+  save_checkpoint(model, [&](const std::string& path) { opt.save(path); }, state);
+}
+
+void RunDir::save_checkpoint(const Module& model, const OptimizerFile& save_optimizer, const TrainingState& state) const {
   create();
   write_folder_atomic(checkpoint_dir(), [&](const std::string& tmp) {
     model.save(tmp + "/model.safetensors");
-    opt.save(tmp + "/optimizer.safetensors");
+    save_optimizer(tmp + "/optimizer.safetensors");
     write_text_synced(tmp + "/state.json", state.to_json().dump(2) + "\n");  // last: marks it complete
   });
 }
 
 TrainingState RunDir::load_checkpoint(Module& model, Optimizer* opt) const {
+  return load_checkpoint(model, [&](const std::string& path) {
+    if (opt) opt->load(path);
+  });
+}
+
+TrainingState RunDir::load_checkpoint(Module& model, const OptimizerFile& load_optimizer) const {
   const std::string dir = checkpoint_for_reading();
   MG_CHECK(!dir.empty(), "run directory '", path_, "' has no checkpoint (no complete ", checkpoint_dir(),
            "/ with model.safetensors, optimizer.safetensors and state.json)",
            "\n  hint: a run writes its first checkpoint after --checkpoint-every steps and at its end");
   TrainingState s = TrainingState::from_json(read_json_file(dir + "/state.json"), dir + "/state.json");
   model.load(dir + "/model.safetensors", /*strict=*/true);
-  if (opt) opt->load(dir + "/optimizer.safetensors");
+  load_optimizer(dir + "/optimizer.safetensors");
   return s;
 }
 

@@ -78,6 +78,11 @@ class RunDir {
   // Loads the weights (strict), the optimizer state (when `opt` is not null) and returns the
   // state. Throws "run directory '<dir>' has no checkpoint" when there is none.
   TrainingState load_checkpoint(Module& model, Optimizer* opt) const;
+  // The same with the optimizer's file written / read by the caller (data-parallel ZeRO gathers
+  // the state from every rank's shard first: apps/ddp_setup.h).
+  using OptimizerFile = std::function<void(const std::string& path)>;
+  void save_checkpoint(const Module& model, const OptimizerFile& save_optimizer, const TrainingState& state) const;
+  TrainingState load_checkpoint(Module& model, const OptimizerFile& load_optimizer) const;
   // Only the checkpoint's state.json (where the run stands), without loading any tensor.
   TrainingState read_checkpoint_state() const;
   // The weights only (sampling, evaluation).

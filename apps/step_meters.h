@@ -80,6 +80,7 @@ class StepTimes {
  public:
   void start() { t0_ = std::chrono::steady_clock::now(); }
   double stop();  // seconds since start(), recorded
+  void add(double seconds) { times_.push_back(seconds); }  // a duration measured elsewhere
   // Median of the recorded steps, leaving out the first (warm-up) when there are more than two.
   double median() const;
   double total() const;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/ddp_setup.h"
 #include "apps/model_parallel_flags.h"
 #include "apps/technique_flags.h"
 #include "apps/training_loop.h"
@@ -40,6 +41,7 @@ inline std::vector<CLI::Option*> add_train_flags(CLI::App* cmd, TrainOptions& t,
                   "(one value: every device)");
   for (CLI::Option* f : add_technique_flags(cmd, t.techniques)) fixed.push_back(f);
   for (CLI::Option* f : add_model_parallel_flags(cmd, t.parallel)) fixed.push_back(f);
+  add_data_parallel_flags(cmd, t.data_parallel);
   return fixed;
 }
 

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "apps/ddp_setup.h"
 #include "apps/interrupt_guard.h"
 #include "apps/prune_run.h"
 #include "apps/run_setup.h"
@@ -61,7 +62,8 @@ nlohmann::json TrainOptions::to_config(const LrSchedule& sched) const {
           {"schedule", {{"kind", "cosine"}, {"warmup_steps", sched.warmup_steps},
                         {"total_steps", sched.total_steps}, {"min_lr", sched.min_lr}}},
           {"seed", seed}, {"batch", batch}, {"checkpoint_every", checkpoint_every}, {"device", device},
-          {"techniques", techniques.to_json()}, {"model_parallel", parallel.to_json()}};
+          {"techniques", techniques.to_json()}, {"model_parallel", parallel.to_json()},
+          {"data_parallel", data_parallel.to_json()}};
 }
 
 LrSchedule TrainOptions::read_config(const nlohmann::json& c, const std::string& cmd) {
@@ -90,8 +92,9 @@ LrSchedule TrainOptions::read_config(const nlohmann::json& c, const std::string&
   }
 }
 
-std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model) {
+std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model, const DistributedDataParallel* ddp) {
   std::vector<ParamGroup> groups = weight_decay_groups(model.named_parameters(), o.lr, o.weight_decay);
+  if (ddp) groups = ddp->optimizer_groups(groups);
   if (o.optimizer == OptimizerKind::sgd) return std::make_unique<SGD>(std::move(groups), SgdOptions{.momentum = o.momentum});
   if (o.optimizer == OptimizerKind::adamw8bit) return std::make_unique<AdamW8bit>(std::move(groups));
   return std::make_unique<AdamW>(std::move(groups));
@@ -102,12 +105,15 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   RunDir& run = setup.run;
   DataLoader& loader = setup.loader;
   const LrSchedule& sched = setup.schedule;
-  std::unique_ptr<Optimizer> opt = make_optimizer(o, setup.model);
-  Trainer trainer(setup.model, *opt, o.techniques.trainer_options(o.grad_clip));
+  const std::unique_ptr<DistributedDataParallel> ddp = make_data_parallel(o, setup.model);  // null without --ddp
+  std::unique_ptr<Optimizer> opt = make_optimizer(o, setup.model, ddp.get());
+  TrainerOptions trainer_options = o.techniques.trainer_options(o.grad_clip);
+  trainer_options.sync = ddp.get();
+  Trainer trainer(setup.model, *opt, trainer_options);
 
   TrainingState state;
   if (setup.resuming) {
-    state = run.load_checkpoint(setup.model, opt.get());
+    state = load_run_checkpoint(run, setup.model, *opt, ddp.get());  // --zero: this rank's shard
     MG_CHECK(state.generators.count("dropout"), task.command, ": the checkpoint of '", run.path(),
              "' has no dropout generator state");
     state.generators.at("dropout").restore(dropout_generator());
@@ -121,7 +127,8 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   std::vector<std::string> columns = {"step", "loss", task.eval_column, "lr", "time_s", "peak_bytes"};
   if (setup.parallel)  // a split model: each device's step peak too
     for (const Device& d : setup.parallel->devices) columns.push_back("peak_bytes@" + d.str());
-  MetricsWriter metrics(run.metrics_path(), columns, setup.resuming ? state.step : -1);
+  const auto [metrics_path, metrics_from] = metrics_file(o, run, setup.resuming ? state.step : -1);  // --ddp: rank 0's
+  MetricsWriter metrics(metrics_path, columns, metrics_from);
 
   TrainResult r;
   r.run_dir = run.path();
@@ -134,9 +141,10 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   progress.note(task.command + ": " + task.header + ", " + optimizer_kind_name(o.optimizer) + " " + sched.str() +
                 ", techniques: " + o.techniques.str() + ", on " + (setup.parallel ? o.parallel.str() : setup.device.str()) +
                 (setup.resuming ? ", resuming at step " + std::to_string(state.step) : "") + " -> " + run.path());
+  if (ddp) progress.note(task.command + ": " + ddp->str());
 
   // One meter per device the model lives on; the first device's carries the run's peak across
-  // resumes. `meter` is the one whose peak is highest (the progress line's and bench's figures).
+  // resumes. `highest()` is the one whose peak is highest (the progress line's and bench's figures).
   const std::vector<Device> devices = setup.parallel ? setup.parallel->devices : std::vector<Device>{setup.device};
   std::vector<PeakMeter> meters;
   for (const Device& d : devices) meters.emplace_back(d, meters.empty() ? state.peak_bytes : 0);
@@ -145,14 +153,14 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
                              [](const PeakMeter& a, const PeakMeter& b) { return a.run_peak() < b.run_peak(); });
   };
   auto run_peak = [&] { return highest().run_peak(); };
-  StepTimes times;
+  StepTimes times, comm_times, exposed_times;  // the latter two: --ddp's collectives
   const auto t_start = std::chrono::steady_clock::now();
   auto elapsed = [&] {
     return state.elapsed_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
   };
   auto checkpoint = [&](int64_t step) {
     if (!o.save_checkpoints) return;
-    run.save_checkpoint(setup.model, *opt,
+    save_run_checkpoint(run, setup.model, *opt, ddp.get(),  // --ddp: rank 0 writes
                         {.step = step, .position = loader.position(),
                          .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
                          .elapsed_s = elapsed(), .peak_bytes = run_peak(), .trainer = trainer.state()});
@@ -196,6 +204,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
       throw;
     }
     r.offloaded_bytes = std::max(r.offloaded_bytes, rep.offloaded_bytes);
+    if (ddp) comm_times.add(ddp->comm_seconds()), exposed_times.add(ddp->exposed_comm_seconds());
     if (rep.retries > 0)
       progress.note("auto-fit: step " + std::to_string(step + 1) + " ran out of memory; retried with micro-batch " +
                     std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
@@ -220,7 +229,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
         extra += (i ? " | " : "  peaks ") + devices[i].str() + " " + format_bytes(meters[i].run_peak());
     const PeakMeter& top = highest();
     progress.update({.done = step, .loss = rep.loss,
-                     .throughput = double(batch.size() * task.items_per_example) / secs,
+                     .throughput = double(o.batch * task.items_per_example) / secs,  // the global batch
                      .allocated = top.allocated(), .peak = top.run_peak(), .limit = top.limit(), .extra = extra});
     if (eval && !eval->note.empty()) progress.note(eval->note);
     r.interrupted = interrupt.raised() && step < setup.total_steps;
@@ -245,6 +254,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   r.ms_per_step = 1000.0 * times.median();
   r.items_per_s = times.count() ? double(o.batch * task.items_per_example) / times.median() : 0.0;
   r.peak_bytes = run_peak();
+  if (comm_times.count()) r.comm_ms = 1000.0 * comm_times.median(), r.exposed_comm_ms = 1000.0 * exposed_times.median();
   r.memory = StepMemory::of(highest());
   r.micro_batch = trainer.micro_batch();
   r.skipped_steps = trainer.scaler() ? trainer.scaler()->skipped_steps() : 0;

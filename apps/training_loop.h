@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "apps/data_parallel_options.h"
 #include "apps/model_parallel_options.h"
 #include "apps/model_parallel_run.h"
 #include "apps/progress.h"
@@ -57,6 +58,7 @@ struct TrainOptions {
   ModelParallelOptions parallel{};  // the model split over several devices, pipelined or not
   ProgressStyle progress = ProgressStyle::automatic;
   int64_t stop_after = -1;          // stop after this many steps without the final checkpoint (tests)
+  DataParallelOptions data_parallel{};  // --ddp, --zero, --bucket-mb (apps/ddp_setup.h)
 
   // Checks the values a new run takes from these options (resumed runs take them from config.json).
   void validate(const std::string& cmd) const;
@@ -69,8 +71,10 @@ struct TrainOptions {
   LrSchedule read_config(const nlohmann::json& config, const std::string& cmd);
 };
 
-// The optimizer `o` asks for over `model`'s parameters (no weight decay on rank < 2).
-std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model);
+class DistributedDataParallel;
+// The optimizer `o` asks for over `model`'s parameters (no weight decay on rank < 2); under ZeRO
+// over this rank's shards of them (`ddp`).
+std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model, const DistributedDataParallel* ddp = nullptr);
 
 // What the loop reports; the commands' results add their own fields.
 struct TrainResult {
@@ -90,6 +94,9 @@ struct TrainResult {
   int64_t skipped_steps = 0;   // fp16 steps skipped for inf/NaN gradients
   int64_t offloaded_bytes = 0; // the most saved-activation bytes one step parked on the offload device
   bool interrupted = false;    // stopped by Ctrl-C (a checkpoint was written first)
+  // --ddp, medians over the steps after the first: the communication thread's time in the
+  // gradient collectives, and the part of it backward did not hide (the step waited for it).
+  double comm_ms = 0.0, exposed_comm_ms = 0.0;
 };
 
 // An evaluation the task ran after a step: its value (metrics.csv's evaluation column) and an

@@ -63,7 +63,8 @@ void add_vision_command(CLI::App& app) {
       for (CLI::Option* f : fixed) reject_on_resume(f->count() > 0, f->get_name(), "vision train");
       o.resume_epochs = epochs->count() > 0 ? t->epochs : 0;
     }
-    print_train_result(vision_train(o));
+    const VisionTrainResult r = vision_train(o);
+    if (prints_results(o)) print_train_result(r);  // --ddp: rank 0 only
   });
 
   auto e = std::make_shared<VisionEvalOptions>();

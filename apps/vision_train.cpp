@@ -9,6 +9,7 @@
 #include <cmath>
 #include <filesystem>
 
+#include "apps/ddp_setup.h"
 #include "apps/run_dir.h"
 #include "apps/run_setup.h"
 #include "autograd/autocast.h"
@@ -193,6 +194,7 @@ VisionData load_vision_data(const std::string& data, int64_t input_size, bool au
 
 VisionTrainResult vision_train(const VisionTrainOptions& in) {
   VisionTrainOptions o = in;
+  prepare_data_parallel(o, kCmd);  // --ddp: this rank's device, run directory and output
   const bool resuming = !o.resume.empty();
   // The model is built on --device; a split one is then placed on its devices (place_model).
   // Budgets are set once the run's devices are known (a resumed run's come from config.json).
@@ -273,8 +275,8 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
       place_model(o.parallel, model, vision_probe(cfg, o), o.memory_limit, o.batch, o.techniques.micro_batch);
   const Device data_device = parallel ? parallel->input_device() : device;     // images: the stem's device
   const Device label_device = parallel ? parallel->output_device() : device;   // labels: the classifier's
-  DataLoader loader(data.train, {.batch_size = o.batch, .shuffle = true, .seed = derive_seed(o.seed, {kShuffleKey}),
-                                 .drop_last = true, .prefetch = 2, .device = data_device});
+  DataLoader loader(data.train, sharded(o, {.batch_size = o.batch, .shuffle = true, .seed = derive_seed(o.seed, {kShuffleKey}),
+                                            .drop_last = true, .prefetch = 2, .device = data_device}));
   MG_INTERNAL_ASSERT(loader.batches_per_epoch() == per_epoch, "vision train: ", loader.batches_per_epoch(),
                      " batches per epoch, expected ", per_epoch);
 

@@ -51,6 +51,10 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
   MG_CHECK(dataset_ != nullptr, "DataLoader: the dataset is null");
   MG_CHECK(opt_.batch_size >= 1, "DataLoader: batch_size must be at least 1, got ", opt_.batch_size);
   MG_CHECK(opt_.prefetch >= 0, "DataLoader: prefetch must be >= 0 (0 = no background thread), got ", opt_.prefetch);
+  MG_CHECK(opt_.shard_count >= 1 && opt_.shard_rank >= 0 && opt_.shard_rank < opt_.shard_count, "DataLoader: shard ",
+           opt_.shard_rank, " of ", opt_.shard_count, " does not exist");
+  MG_CHECK(opt_.batch_size >= opt_.shard_count, "DataLoader: a batch of ", opt_.batch_size, " cannot give each of ",
+           opt_.shard_count, " shards a row");
   num_examples_ = dataset_->size();
   MG_CHECK(num_examples_ > 0, "DataLoader: the dataset is empty (size() = ", num_examples_, ")");
   batches_per_epoch_ = opt_.drop_last ? num_examples_ / opt_.batch_size
@@ -75,12 +79,19 @@ std::vector<int64_t> DataLoader::epoch_order(int64_t epoch) const {
   return order;
 }
 
+std::pair<int64_t, int64_t> DataLoader::shard_rows(LoaderPosition p) const {
+  const int64_t first = p.batch * opt_.batch_size;
+  const int64_t count = std::min(opt_.batch_size, num_examples_ - first);
+  const int64_t r = opt_.shard_rank, n = opt_.shard_count;
+  const int64_t b = count * r / n, e = count * (r + 1) / n;
+  return {first + b, e - b};
+}
+
 std::vector<int64_t> DataLoader::batch_indices(LoaderPosition p) const {
   MG_CHECK(p.epoch >= 0 && p.batch >= 0 && p.batch < batches_per_epoch_, "DataLoader::batch_indices: batch ",
            p.batch, " of epoch ", p.epoch, " does not exist (", batches_per_epoch_, " batches per epoch)");
   std::vector<int64_t> order = epoch_order(p.epoch);
-  int64_t first = p.batch * opt_.batch_size;
-  int64_t count = std::min(opt_.batch_size, num_examples_ - first);
+  const auto [first, count] = shard_rows(p);
   return {order.begin() + first, order.begin() + first + count};
 }
 
@@ -88,8 +99,9 @@ Batch DataLoader::make_batch(const std::vector<int64_t>& order, LoaderPosition p
   MemoryCategoryGuard category(MemoryCategory::input);
   OpNameGuard op("data_loader");  // what the profiler shows for batch buffers
   NoGradGuard no_grad;
-  int64_t first = p.batch * opt_.batch_size;
-  int64_t count = std::min(opt_.batch_size, num_examples_ - first);
+  const auto [first, count] = shard_rows(p);
+  MG_CHECK(count > 0, "DataLoader: batch ", p.batch, " of epoch ", p.epoch, " has no rows for shard ", opt_.shard_rank,
+           " of ", opt_.shard_count, " (batch size ", opt_.batch_size, ")");
   Batch batch;
   batch.position = p;
   for (int64_t i = 0; i < count; ++i) {

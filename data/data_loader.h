@@ -25,6 +25,10 @@ struct DataLoaderOptions {
   bool drop_last = false;  // drop the last, smaller batch of an epoch
   int64_t prefetch = 2;    // batches prepared ahead on a background thread; 0 = built in next()
   Device device = kCPU;    // where batch tensors are allocated
+  // Data parallelism: every rank reads the same global batches (same order, same positions) and
+  // keeps rows [count * r / N, count * (r + 1) / N) of each, so the ranks' shards are disjoint and
+  // together the global batch; a checkpoint's position resumes every rank exactly.
+  int64_t shard_rank = 0, shard_count = 1;
 };
 
 // Where a loader stands: the next batch it returns is batch `batch` of epoch `epoch`.
@@ -65,7 +69,8 @@ class DataLoader {
   // Continues from `p` (0 <= p.batch <= batches_per_epoch()); prefetched batches are dropped.
   void set_position(LoaderPosition p);
 
-  // Dataset indices of the examples of batch p.batch in epoch p.epoch, in batch order.
+  // Dataset indices of the examples of batch p.batch in epoch p.epoch, in batch order (this
+  // rank's shard of it).
   std::vector<int64_t> batch_indices(LoaderPosition p) const;
   const DataLoaderOptions& options() const { return opt_; }
   const std::shared_ptr<const Dataset>& dataset() const { return dataset_; }
@@ -79,6 +84,8 @@ class DataLoader {
   // The order of the dataset in epoch e: identity, or a seeded Fisher-Yates permutation.
   std::vector<int64_t> epoch_order(int64_t epoch) const;
   Batch make_batch(const std::vector<int64_t>& order, LoaderPosition p) const;
+  // The first row in the epoch's order and the row count of this shard of batch p.
+  std::pair<int64_t, int64_t> shard_rows(LoaderPosition p) const;
   void worker_loop(LoaderPosition start);
   void stop_worker();
 

@@ -82,10 +82,14 @@ double grad_norm(const std::vector<Tensor>& params) {
   return std::sqrt(total);
 }
 
-double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) { return clip_grad_norm(params, max_norm, {}); }
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm,
+                      const std::function<double(double)>& sum_sq_across) {
   MG_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive, got ", max_norm);
   NoGradGuard no_grad;
-  const double norm = grad_norm(params);
+  double norm = grad_norm(params);
+  if (sum_sq_across) norm = std::sqrt(sum_sq_across(norm * norm));
   if (!std::isfinite(norm)) return norm;
   const double coef = max_norm / (norm + 1e-6);
   if (coef < 1.0)

@@ -31,12 +31,15 @@ Trainer::Trainer(Module& model, Optimizer& opt, TrainerOptions options)
   MG_CHECK(opt_.micro_batch >= 0, "Trainer: micro_batch must be >= 0 (0: the whole batch), got ", opt_.micro_batch);
   MG_CHECK(opt_.grad_clip >= 0 && std::isfinite(opt_.grad_clip), "Trainer: grad_clip must be >= 0, got ",
            opt_.grad_clip);
+  MG_CHECK(!opt_.sync || (opt_.precision != Precision::fp16 && !opt_.auto_fit),
+           "Trainer: data-parallel training supports neither fp16 loss scaling nor auto-fit (ranks would decide apart)",
+           "\n  hint: use bf16, and a fixed --micro-batch");
   if (opt_.precision == Precision::fp16) scaler_ = std::make_unique<GradScaler>(opt_.scaler);
 }
 
 Trainer::~Trainer() = default;
 
-std::vector<double> Trainer::accumulation_weights(int64_t batch_size, int64_t m, const MicroWeight& micro_weight) {
+std::vector<double> Trainer::accumulation_weights(int64_t batch_size, int64_t m, const MicroWeight& micro_weight) const {
   std::vector<double> terms;
   double total = 0.0;
   for (int64_t begin = 0; begin < batch_size; begin += m) {
@@ -46,6 +49,7 @@ std::vector<double> Trainer::accumulation_weights(int64_t batch_size, int64_t m,
     terms.push_back(w);
     total += w;
   }
+  if (opt_.sync) total = opt_.sync->sum_across(total);  // the global batch's terms
   MG_CHECK(total > 0, "Trainer: the batch has nothing to average over (every target is ignored)");
   for (double& w : terms) w /= total;
   return terms;
@@ -62,6 +66,7 @@ void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_l
     const int64_t count = std::min(m, batch_size - begin);
     const double weight = weights[size_t(i)];
     if (weight == 0.0) continue;  // a micro-batch without counted terms adds nothing (its mean is NaN)
+    if (opt_.sync) opt_.sync->before_micro_batch(i, int64_t(weights.size()));
     Tensor loss, scaled;
     {
       StepPhaseGuard phase(StepPhase::forward);
@@ -81,6 +86,11 @@ void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_l
     }
     r.loss += weight * loss.item();
     r.micro_steps += 1;
+  }
+  if (opt_.sync) {
+    StepPhaseGuard phase(StepPhase::backward);
+    opt_.sync->finish_gradients();
+    r.loss = opt_.sync->sum_across(r.loss);  // each rank's share of the global mean
   }
 }
 
@@ -134,8 +144,9 @@ StepReport Trainer::step(int64_t batch_size, const MicroLoss& micro_loss, const 
 StepReport Trainer::step_scheduled(int64_t batch_size, const ScheduledBatch& run, const MicroWeight& micro_weight) {
   MG_CHECK(batch_size > 0, "Trainer.step_scheduled: the batch is empty");
   MG_CHECK(bool(run), "Trainer.step_scheduled: nothing to run");
-  MG_CHECK(!opt_.auto_fit && !opt_.offload_activations,
-           "Trainer.step_scheduled: auto-fit and activation offload do not combine with a scheduled (pipelined) step");
+  MG_CHECK(!opt_.auto_fit && !opt_.offload_activations && !opt_.sync,
+           "Trainer.step_scheduled: auto-fit, activation offload and data parallelism do not combine with a scheduled "
+           "(pipelined) step");
   {
     StepPhaseGuard phase(StepPhase::optimizer);
     optimizer_.allocate_state();
@@ -164,13 +175,19 @@ void Trainer::update(StepReport& r) {
     for (const auto& [_, p] : g.params) params.push_back(p);
   bool finite = true;
   if (scaler_) finite = scaler_->unscale(optimizer_);
-  if (opt_.grad_clip > 0 && finite) r.grad_norm = clip_grad_norm(params, opt_.grad_clip);
+  if (opt_.grad_clip > 0 && finite) {
+    if (opt_.sync && opt_.sync->sharded())  // each rank holds a disjoint shard of the gradients
+      r.grad_norm = clip_grad_norm(params, opt_.grad_clip, [&](double sq) { return opt_.sync->sum_across(sq); });
+    else
+      r.grad_norm = clip_grad_norm(params, opt_.grad_clip);
+  }
   if (scaler_) {
     r.stepped = scaler_->step(optimizer_);
   } else {
     optimizer_.step();
   }
   optimizer_.zero_grad();
+  if (opt_.sync) opt_.sync->after_step();
 }
 
 nlohmann::json Trainer::state() const {

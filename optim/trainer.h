@@ -19,6 +19,7 @@
 #include "core/device.h"
 #include "models/nn/module.h"
 #include "optim/grad_scaler.h"
+#include "optim/gradient_sync.h"
 #include "optim/optimizer.h"
 #include "optim/precision.h"
 
@@ -31,6 +32,9 @@ struct TrainerOptions {
   double grad_clip = 0.0;      // clip the global gradient norm to this; 0: off
   std::optional<Device> offload_activations{};  // park saved activations on this device
   GradScalerOptions scaler{};  // fp16 only
+  // Data parallelism (parallel/ddp.h): gradients summed over ranks; not owned. fp16 loss scaling
+  // and auto_fit are refused with it (ranks would decide differently and diverge).
+  GradientSync* sync = nullptr;
 };
 
 struct StepReport {
@@ -86,7 +90,8 @@ class Trainer {
   void accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_loss, const MicroWeight& micro_weight,
                   StepReport& r);
   // Each micro-batch's share of the batch's terms (Note [Accumulation weights]).
-  static std::vector<double> accumulation_weights(int64_t batch_size, int64_t m, const MicroWeight& micro_weight);
+  // Under data parallelism the shares are of the global batch (every rank's terms summed).
+  std::vector<double> accumulation_weights(int64_t batch_size, int64_t m, const MicroWeight& micro_weight) const;
   // Unscale (fp16), clip, step (or skip an overflowed fp16 step), drop the gradients.
   void update(StepReport& r);
 

@@ -187,3 +187,46 @@ TEST_CASE("DataLoader position saves and restores mid-run", "[data][data_loader]
   CHECK(resumed.position() == first.position());
   CHECK_THROWS_WITH(resumed.set_position({0, 5}), Contains("not a position"));
 }
+
+TEST_CASE("DataLoader shards: the ranks' rows are disjoint, make up each global batch, and resume exactly", "[data][data_loader]") {
+  auto ds = std::make_shared<RangeDataset>(50);
+  const DataLoaderOptions base{.batch_size = 7, .shuffle = true, .seed = 3, .drop_last = true, .prefetch = 2};
+  DataLoader whole(ds, base);
+  std::vector<std::unique_ptr<DataLoader>> shards;
+  for (int64_t r = 0; r < 3; ++r) {
+    DataLoaderOptions o = base;
+    o.shard_rank = r;
+    o.shard_count = 3;
+    shards.push_back(std::make_unique<DataLoader>(ds, o));
+  }
+  CHECK(shards[0]->batches_per_epoch() == whole.batches_per_epoch());
+  for (int step = 0; step < 16; ++step) {  // over two epochs (7 batches each)
+    const Batch w = whole.next_step();
+    std::vector<int64_t> joined;
+    std::vector<int64_t> sizes;
+    for (auto& s : shards) {
+      const Batch b = s->next_step();
+      CHECK(b.position == w.position);
+      sizes.push_back(b.size());
+      for (int64_t t : targets(b)) joined.push_back(t);
+    }
+    CHECK(sizes == std::vector<int64_t>{2, 2, 3});  // rows [7r/3, 7(r+1)/3)
+    CHECK(joined == targets(w));
+  }
+  // A shard resumed at a saved position yields what it would have.
+  const LoaderPosition p = shards[1]->position();
+  const Batch next = shards[1]->next_step();
+  DataLoaderOptions o = base;
+  o.shard_rank = 1;
+  o.shard_count = 3;
+  DataLoader resumed(ds, o);
+  resumed.set_position(p);
+  CHECK(targets(resumed.next_step()) == targets(next));
+  CHECK(resumed.batch_indices(p) == targets(next));  // example i has target i
+  // Bad shards.
+  o.shard_rank = 3;
+  CHECK_THROWS_WITH(DataLoader(ds, o), Contains("shard 3 of 3 does not exist"));
+  o.shard_rank = 0;
+  o.shard_count = 8;
+  CHECK_THROWS_WITH(DataLoader(ds, o), Contains("a batch of 7 cannot give each of 8 shards a row"));
+}
