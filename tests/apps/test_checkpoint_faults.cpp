@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 
 #include "apps/apps_test_util.h"
@@ -19,6 +20,12 @@ using namespace mg::test;
 namespace fs = std::filesystem;
 
 namespace {
+
+TrainingState at_step(int64_t step) {
+  TrainingState s;
+  s.step = step;
+  return s;
+}
 
 int64_t entries_in(const std::string& dir) {
   return std::distance(fs::directory_iterator(dir), fs::directory_iterator());
@@ -36,14 +43,14 @@ TEST_CASE("checkpoint faults: an I/O error at any write keeps the previous check
 
   SECTION("the first checkpoint fails: none is left half there") {
     FaultGuard fault(FaultSite::file_write, 1);
-    CHECK_THROWS_WITH(run.save_checkpoint(net, opt, {.step = 1}),
+    CHECK_THROWS_WITH(run.save_checkpoint(net, opt, at_step(1)),
                       Catch::Contains("checkpoint of step 1 not written") &&
                           Catch::Contains("there is no previous checkpoint"));
     CHECK_FALSE(run.has_checkpoint());
     CHECK_FALSE(fs::exists(run.checkpoint_dir()));
   }
   SECTION("every write of a later checkpoint") {
-    run.save_checkpoint(net, opt, {.step = 3});
+    run.save_checkpoint(net, opt, at_step(3));
     const std::vector<double> saved = net.weight.to_double_vector();
     const std::string model_bytes = read_bytes(run.checkpoint_dir() + "/model.safetensors");
     fill_(net.weight, 0.5);
@@ -51,11 +58,11 @@ TEST_CASE("checkpoint faults: an I/O error at any write keeps the previous check
     int64_t writes = 0;
     {
       FaultGuard count(FaultSite::file_write, INT64_MAX);  // counts, never fails
-      run.save_checkpoint(net, opt, {.step = 4});
+      run.save_checkpoint(net, opt, at_step(4));
       writes = fault_events(FaultSite::file_write);
     }
     REQUIRE(writes >= 9);  // 2 safetensors files x (header, data, header rewrite, fsync) + state.json
-    run.save_checkpoint(net, opt, {.step = 3});  // back to step 3, with the 0.5 weights
+    run.save_checkpoint(net, opt, at_step(3));  // back to step 3, with the 0.5 weights
     const std::string model_half = read_bytes(run.checkpoint_dir() + "/model.safetensors");
     CHECK(model_half != model_bytes);
 
@@ -64,7 +71,7 @@ TEST_CASE("checkpoint faults: an I/O error at any write keeps the previous check
       fill_(net.weight, 0.25);
       {
         FaultGuard fault(FaultSite::file_write, n);
-        CHECK_THROWS_WITH(run.save_checkpoint(net, opt, {.step = 6}),
+        CHECK_THROWS_WITH(run.save_checkpoint(net, opt, at_step(6)),
                           Catch::Contains("checkpoint of step 6 not written") &&
                               Catch::Contains("Input/output error") &&
                               Catch::Contains("the previous checkpoint (step 3, " + run.checkpoint_dir() +
@@ -77,7 +84,9 @@ TEST_CASE("checkpoint faults: an I/O error at any write keeps the previous check
       CHECK(other.weight.to_double_vector() == std::vector<double>(6, 0.5));
       CHECK(entries_in(run.path()) == 1);  // checkpoint/ only: no temporary folder left
     }
-    run.save_checkpoint(net, opt, {.step = 6});  // with the fault gone the save works
+    std::printf("checkpoint faults: an I/O error at each of the %lld writes of a checkpoint save: the previous "
+                "checkpoint intact every time\n", (long long)writes);
+    run.save_checkpoint(net, opt, at_step(6));  // with the fault gone the save works
     CHECK(run.read_checkpoint_state().step == 6);
   }
 }
@@ -88,7 +97,7 @@ TEST_CASE("checkpoint faults: a full disk keeps the previous checkpoint and says
   Generator gen(3);
   Linear small(3, 2, true, {.gen = &gen});
   AdamW small_opt(small.named_parameters(), 1e-2);
-  run.save_checkpoint(small, small_opt, {.step = 2});
+  run.save_checkpoint(small, small_opt, at_step(2));
   Linear big(256, 64, true, {.gen = &gen});  // 64 KiB of weights: past the 16 KiB limit below
   AdamW big_opt(big.named_parameters(), 1e-2);
 
@@ -101,7 +110,7 @@ TEST_CASE("checkpoint faults: a full disk keeps the previous checkpoint and says
   REQUIRE(::setrlimit(RLIMIT_FSIZE, &limit) == 0);
   std::string msg;
   try {
-    run.save_checkpoint(big, big_opt, {.step = 5});
+    run.save_checkpoint(big, big_opt, at_step(5));
   } catch (const Error& e) {
     msg = e.what();
   }

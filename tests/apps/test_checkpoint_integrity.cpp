@@ -54,7 +54,7 @@ TEST_CASE("checkpoint integrity: single-bit flips in every file are detected or 
     p.set_grad(from_vector(g, p.shape(), {}));
   }
   opt.step();
-  TrainingState state{.step = 1, .position = {0, 1}, .generators = {{"dropout", {42, 7}}}, .elapsed_s = 0.25};
+  TrainingState state{.step = 1, .position = {0, 1}, .generators = {{"dropout", {42, 7}}}, .elapsed_s = 0.25, .peak_bytes = 0};
   run.save_checkpoint(net, opt, state);
   const Snapshot want = snapshot(net, opt, state);
 
@@ -114,7 +114,10 @@ TEST_CASE("checkpoint integrity: state.json carries a checksum; an edited one is
   Generator gen(3);
   Linear net(3, 2, true, {.gen = &gen});
   AdamW opt(net.named_parameters(), 1e-2);
-  run.save_checkpoint(net, opt, {.step = 12, .position = {1, 3}});
+  TrainingState st;
+  st.step = 12;
+  st.position = {1, 3};
+  run.save_checkpoint(net, opt, st);
   const std::string path = run.checkpoint_dir() + "/state.json";
   nlohmann::json j = read_json_file(path);
   REQUIRE(j.contains("xxh3"));
