@@ -470,6 +470,8 @@ size_t parse_bytes(const std::string& s) {
   else if (unit == "GB") mult = 1e9;
   MG_CHECK(mult > 0, "bad memory size '", s, "': unknown unit '", unit, "' (use B, KiB, MiB, GiB, KB, MB, GB)");
   MG_CHECK(v >= 0, "bad memory size '", s, "': must not be negative");
+  // Past 2^63 bytes the conversion is undefined (found by tests/fuzz/fuzz_cli_strings.cpp).
+  MG_CHECK(v * mult < 0x1p63, "bad memory size '", s, "': more than 8 EiB");
   return size_t(v * mult);
 }
 
