@@ -343,7 +343,12 @@ MetricsWriter::MetricsWriter(std::string path, std::vector<std::string> columns,
       if (err == std::errc() && p == step.data() + step.size() && s < resume_from) kept += line + "\n";
     }
   }
-  write_text_synced(path_, kept);
+  // Temp file + rename: a kill -9 between truncating and rewriting the file would otherwise leave
+  // it empty and the next resume without a header (found by tests/apps/test_kill9.cpp).
+  const std::string tmp = path_ + ".tmp." + std::to_string(::getpid());
+  write_text_synced(tmp, kept);
+  MG_CHECK(::rename(tmp.c_str(), path_.c_str()) == 0, "cannot rename '", tmp, "' to '", path_, "': ",
+           std::strerror(errno));
   file_ = std::fopen(path_.c_str(), "ab");
   MG_CHECK(file_ != nullptr, "cannot open '", path_, "' for appending: ", std::strerror(errno));
 }

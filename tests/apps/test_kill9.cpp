@@ -46,7 +46,7 @@ pid_t start_child(const std::string& data, const std::string& out) {
   if (pid == 0) {
     ::setenv("MG_KILL9_DATA", data.c_str(), 1);
     ::setenv("MG_KILL9_OUT", out.c_str(), 1);
-    std::freopen("/dev/null", "w", stdout);
+    std::freopen((out + ".log").c_str(), "w", stdout);  // the last child's report, shown on failure
     ::execl("/proc/self/exe", "mg_tests", "[kill9_child]", (char*)nullptr);
     ::_exit(127);
   }
@@ -108,7 +108,7 @@ TEST_CASE("kill -9 at random moments of gpt train: every resume works and the lo
       ++kills;
       during_checkpoint += in_checkpoint;
     } else {
-      INFO("child exit status " << WEXITSTATUS(status));
+      INFO("child exit status " << WEXITSTATUS(status) << ", output:\n" << read_bytes(run + ".log"));
       REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));  // a resume that fails is a failure
       ++finished_early;
       if (kills < 20) fs::remove_all(run);  // it finished before the kill: go again from scratch
@@ -118,6 +118,7 @@ TEST_CASE("kill -9 at random moments of gpt train: every resume works and the lo
   resumes += RunDir(run).has_checkpoint();
   pid_t last = start_child(data, run);
   ::waitpid(last, &status, 0);
+  INFO("the last child's output:\n" << read_bytes(run + ".log"));
   REQUIRE((WIFEXITED(status) && WEXITSTATUS(status) == 0));
   std::printf("kill -9: %d kills (%d while a checkpoint folder was being written), %d resumes, %d runs finished "
               "before their kill; final losses equal the uninterrupted run's: %s\n",
