@@ -27,7 +27,7 @@ void run_tokenize(const TokenizeOptions& o) {
   TokenizeSummary s = tokenize_files(o.inputs, o.out);
   std::printf("memgrad data tokenize: %lld files, %lld tokens (byte tokenizer, vocab %lld) -> %s (%s)\n",
               (long long)s.files, (long long)s.tokens, (long long)ByteTokenizer::kVocabSize, o.out.c_str(),
-              format_bytes(kTokenFileHeaderBytes + s.tokens).c_str());
+              format_bytes(kTokenFileHeaderBytes + s.tokens + kTokenFileTrailerBytes).c_str());
 }
 
 void run_info(const std::string& path) {

@@ -21,7 +21,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "core/checksum.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 
 namespace mg {
 
@@ -43,10 +45,16 @@ void fsync_path(const std::string& path, bool directory) {
 void write_text_synced(const std::string& path, const std::string& text) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   MG_CHECK(f != nullptr, "cannot create '", path, "': ", std::strerror(errno));
-  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
+  errno = 0;
+  const bool injected = fault_now(FaultSite::file_write);  // tests: an I/O error here (EIO)
+  bool ok = !injected && std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
             ::fsync(::fileno(f)) == 0;
-  ok = (std::fclose(f) == 0) && ok;
-  MG_CHECK(ok, "cannot write '", path, "': ", std::strerror(errno));
+  int err = ok ? 0 : injected || errno == 0 ? EIO : errno;
+  if (std::fclose(f) != 0 && ok) {
+    ok = false;
+    err = errno;
+  }
+  MG_CHECK(ok, "cannot write '", path, "': ", std::strerror(err));
 }
 
 // A leftover "<name>.tmp.<pid>" / "<name>.old.<pid>" of a process that no longer runs.
@@ -64,6 +72,31 @@ bool complete_checkpoint(const fs::path& dir) {
   for (const char* f : kCheckpointFiles)
     if (!fs::is_regular_file(dir / f, ec)) return false;
   return true;
+}
+
+// state.json carries "xxh3": the XXH3-64 of the compact JSON of everything else (Note [Checksums]).
+// nlohmann's dump is canonical (sorted keys, shortest round-trip numbers), so a parsed file
+// dumps to the same text it was hashed from.
+constexpr const char* kJsonChecksumKey = "xxh3";
+
+std::string json_checksum(nlohmann::json j) {
+  j.erase(kJsonChecksumKey);
+  const std::string text = j.dump();
+  return checksum_hex(checksum64(text.data(), text.size()));
+}
+
+// The checkpoint's state.json, its checksum verified (a file without one, from before
+// checksums, is accepted).
+nlohmann::json read_state_json(const std::string& path) {
+  nlohmann::json j = read_json_file(path);
+  if (j.is_object() && j.contains(kJsonChecksumKey)) {
+    const nlohmann::json& stored = j[kJsonChecksumKey];
+    const std::string actual = json_checksum(j);
+    MG_CHECK(stored.is_string() && stored.get<std::string>() == actual, "checkpoint state '", path,
+             "' is corrupt: its content hashes to xxh3 ", actual, ", the file recorded ", stored.dump(),
+             "\n  hint: the file was damaged or edited after it was written; restore it or use an earlier checkpoint");
+  }
+  return j;
 }
 
 uint64_t get_u64(const nlohmann::json& j, const char* key, const std::string& source) {
@@ -223,10 +256,32 @@ void RunDir::save_checkpoint(const Module& model, const Optimizer& opt, const Tr
 
 void RunDir::save_checkpoint(const Module& model, const OptimizerFile& save_optimizer, const TrainingState& state) const {
   create();
+  try {
+    write_checkpoint_folder(model, save_optimizer, state);
+  } catch (const OutOfMemoryError&) {
+    throw;  // staging a device tensor ran out: the caller's out-of-memory handling applies
+  } catch (const Error& e) {
+    // Note [Checkpoint swap]: a failed write never touched the previous checkpoint; say which it is.
+    std::string previous = "there is no previous checkpoint";
+    try {
+      if (has_checkpoint())
+        previous = "the previous checkpoint (step " + std::to_string(read_checkpoint_state().step) + ", " +
+                   checkpoint_for_reading() + ") is intact";
+    } catch (const Error&) {
+      previous = "the previous checkpoint folder " + checkpoint_for_reading() + " was not touched";
+    }
+    MG_THROW("checkpoint of step ", state.step, " not written: ", e.what(), "\n  ", previous);
+  }
+}
+
+void RunDir::write_checkpoint_folder(const Module& model, const OptimizerFile& save_optimizer,
+                                     const TrainingState& state) const {
   write_folder_atomic(checkpoint_dir(), [&](const std::string& tmp) {
     model.save(tmp + "/model.safetensors");
     save_optimizer(tmp + "/optimizer.safetensors");
-    write_text_synced(tmp + "/state.json", state.to_json().dump(2) + "\n");  // last: marks it complete
+    nlohmann::json j = state.to_json();
+    j[kJsonChecksumKey] = json_checksum(j);
+    write_text_synced(tmp + "/state.json", j.dump(2) + "\n");  // last: marks it complete
   });
 }
 
@@ -241,7 +296,7 @@ TrainingState RunDir::load_checkpoint(Module& model, const OptimizerFile& load_o
   MG_CHECK(!dir.empty(), "run directory '", path_, "' has no checkpoint (no complete ", checkpoint_dir(),
            "/ with model.safetensors, optimizer.safetensors and state.json)",
            "\n  hint: a run writes its first checkpoint after --checkpoint-every steps and at its end");
-  TrainingState s = TrainingState::from_json(read_json_file(dir + "/state.json"), dir + "/state.json");
+  TrainingState s = TrainingState::from_json(read_state_json(dir + "/state.json"), dir + "/state.json");
   model.load(dir + "/model.safetensors", /*strict=*/true);
   load_optimizer(dir + "/optimizer.safetensors");
   return s;
@@ -250,7 +305,7 @@ TrainingState RunDir::load_checkpoint(Module& model, const OptimizerFile& load_o
 TrainingState RunDir::read_checkpoint_state() const {
   const std::string dir = checkpoint_for_reading();
   MG_CHECK(!dir.empty(), "run directory '", path_, "' has no checkpoint (no complete ", checkpoint_dir(), "/)");
-  return TrainingState::from_json(read_json_file(dir + "/state.json"), dir + "/state.json");
+  return TrainingState::from_json(read_state_json(dir + "/state.json"), dir + "/state.json");
 }
 
 void RunDir::load_weights(Module& model) const {
@@ -299,7 +354,12 @@ MetricsWriter::MetricsWriter(std::string path, std::vector<std::string> columns,
       if (err == std::errc() && p == step.data() + step.size() && s < resume_from) kept += line + "\n";
     }
   }
-  write_text_synced(path_, kept);
+  // Temp file + rename: a kill -9 between truncating and rewriting the file would otherwise leave
+  // it empty and the next resume without a header (found by tests/apps/test_kill9.cpp).
+  const std::string tmp = path_ + ".tmp." + std::to_string(::getpid());
+  write_text_synced(tmp, kept);
+  MG_CHECK(::rename(tmp.c_str(), path_.c_str()) == 0, "cannot rename '", tmp, "' to '", path_, "': ",
+           std::strerror(errno));
   file_ = std::fopen(path_.c_str(), "ab");
   MG_CHECK(file_ != nullptr, "cannot open '", path_, "' for appending: ", std::strerror(errno));
 }

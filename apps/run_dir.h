@@ -73,7 +73,9 @@ class RunDir {
   // Throws "'<dir>' is not a run directory (no config.json)" when there is none.
   nlohmann::json read_config() const;
 
-  // checkpoint/ = model.safetensors + optimizer.safetensors + state.json, atomically.
+  // checkpoint/ = model.safetensors + optimizer.safetensors + state.json, atomically. A failed
+  // write (disk full, I/O error) throws "checkpoint of step N not written: <why>" plus a line
+  // naming the previous checkpoint, which is left intact.
   void save_checkpoint(const Module& model, const Optimizer& opt, const TrainingState& state) const;
   // Loads the weights (strict), the optimizer state (when `opt` is not null) and returns the
   // state. Throws "run directory '<dir>' has no checkpoint" when there is none.
@@ -90,6 +92,7 @@ class RunDir {
 
  private:
   std::string checkpoint_for_reading() const;  // checkpoint/ or a surviving checkpoint.old.*
+  void write_checkpoint_folder(const Module& model, const OptimizerFile& save_optimizer, const TrainingState& state) const;
   std::string path_;
 };
 

@@ -23,6 +23,7 @@
 #include <sstream>
 
 #include "core/allocator.h"
+#include "core/fault_injection.h"
 #include "core/cuda/backend.h"
 #include "core/error.h"
 
@@ -224,9 +225,10 @@ struct CachingAllocator::Impl {
     return v;
   }
 
-  [[noreturn]] void throw_oom(size_t requested, size_t rounded) {
+  [[noreturn]] void throw_oom(size_t requested, size_t rounded, bool injected = false) {
     ++stats.num_ooms;
     std::ostringstream os;
+    if (injected) os << "(injected fault, core/fault_injection.h) ";
     os << "out of memory on " << device.str() << ": tried to allocate " << format_bytes(int64_t(rounded))
        << " (requested " << requested << " B";
     if (*current_op_name()) os << " by op '" << current_op_name() << "'";
@@ -266,6 +268,8 @@ MemoryBlock* CachingAllocator::allocate(size_t bytes) {
   MemoryBlock* b;
   {
     std::lock_guard<std::mutex> lk(m.mu);
+    if (fault_now(FaultSite::allocation)) [[unlikely]]
+      m.throw_oom(bytes, size, /*injected=*/true);
     b = m.find_free(size, small);
     if (!b) {
       Segment* seg = m.grow(size, small);
@@ -469,6 +473,8 @@ size_t parse_bytes(const std::string& s) {
   else if (unit == "GB") mult = 1e9;
   MG_CHECK(mult > 0, "bad memory size '", s, "': unknown unit '", unit, "' (use B, KiB, MiB, GiB, KB, MB, GB)");
   MG_CHECK(v >= 0, "bad memory size '", s, "': must not be negative");
+  // Past 2^63 bytes the conversion is undefined (found by tests/fuzz/fuzz_cli_strings.cpp).
+  MG_CHECK(v * mult < 0x1p63, "bad memory size '", s, "': more than 8 EiB");
   return size_t(v * mult);
 }
 

@@ -19,7 +19,9 @@
 #include <optional>
 #include <set>
 
+#include "core/checksum.h"
 #include "core/error.h"
+#include "core/fault_injection.h"
 #include "core/memory_category.h"
 
 namespace mg {
@@ -31,6 +33,16 @@ static_assert(std::endian::native == std::endian::little,
 using json = nlohmann::json;
 
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;  // the reference implementation's limit
+// "__metadata__" key of a tensor's XXH3-64 checksum: "xxh3:<tensor name>" -> 16 hex digits, and
+// "xxh3:__metadata__" for the rest of the metadata (its compact JSON with sorted keys), so a
+// flipped hyperparameter in an optimizer file is caught too. No tensor is named "__metadata__".
+constexpr const char* kChecksumPrefix = "xxh3:";
+const std::string kMetadataChecksumKey = std::string(kChecksumPrefix) + "__metadata__";
+
+uint64_t metadata_checksum(const std::map<std::string, std::string>& metadata) {
+  const std::string text = nlohmann::json(metadata).dump();
+  return checksum64(text.data(), text.size());
+}
 
 struct DTypeName {
   DType dtype;
@@ -76,7 +88,8 @@ struct Entry {
 
 struct Header {
   std::vector<Entry> entries;  // sorted by data offset
-  std::map<std::string, std::string> metadata;
+  std::map<std::string, std::string> metadata;  // without the checksum entries
+  std::map<std::string, uint64_t> checksums;     // tensor name -> XXH3-64; empty for foreign files
   uint64_t data_start = 0;  // file offset of the data section: 8 + header length
 };
 
@@ -143,6 +156,40 @@ std::map<std::string, std::string> parse_metadata(const std::string& path, const
   return m;
 }
 
+// Moves the "xxh3:<tensor>" entries of the metadata into h.checksums and verifies the metadata's
+// own (Note [Checksums] in core/checksum.h). A file has a checksum for the metadata and every
+// tensor, or none at all (a file from another tool).
+void split_checksums(const std::string& path, Header& h) {
+  for (auto it = h.metadata.begin(); it != h.metadata.end();) {
+    if (it->first.rfind(kChecksumPrefix, 0) != 0) {
+      ++it;
+      continue;
+    }
+    std::string name = it->first.substr(std::strlen(kChecksumPrefix));
+    std::optional<uint64_t> v = parse_checksum_hex(it->second);
+    MG_ST_CHECK(v.has_value(), "__metadata__ '", it->first, "': checksum '", it->second,
+                "' is not 16 hex digits (corrupt header)");
+    h.checksums[name] = *v;
+    it = h.metadata.erase(it);
+  }
+  if (h.checksums.empty()) return;
+  auto md = h.checksums.find("__metadata__");
+  MG_ST_CHECK(md != h.checksums.end(), "__metadata__ has tensor checksums but no '", kMetadataChecksumKey,
+              "' (corrupt header)");
+  MG_ST_CHECK(md->second == metadata_checksum(h.metadata), "__metadata__ is corrupt: its entries hash to xxh3 ",
+              checksum_hex(metadata_checksum(h.metadata)), ", the file recorded ", checksum_hex(md->second));
+  h.checksums.erase(md);
+  std::set<std::string> names;
+  for (const Entry& e : h.entries) {
+    names.insert(e.name);
+    MG_ST_CHECK(h.checksums.count(e.name), "tensor '", e.name,
+                "' has no checksum while the file's other tensors have one (corrupt header)");
+  }
+  for (const auto& [name, _] : h.checksums)
+    MG_ST_CHECK(names.count(name), "__metadata__ has a checksum for '", name,
+                "', which is not a tensor of the file (corrupt header)");
+}
+
 // Reads and validates the header (Note [safetensors validation]); leaves `f` anywhere.
 Header read_header(std::ifstream& f, const std::string& path) {
   f.seekg(0, std::ios::end);
@@ -196,6 +243,7 @@ Header read_header(std::ifstream& f, const std::string& path) {
                 " is past the end of the data section (", data_size, " bytes): truncated file or bad offsets");
     h.entries.push_back(std::move(e));
   }
+  split_checksums(path, h);
   std::stable_sort(h.entries.begin(), h.entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
@@ -242,7 +290,7 @@ class TempFile {
   void write_all(const void* data, size_t n) {
     const char* p = static_cast<const char*>(data);
     while (n > 0) {
-      ssize_t k = ::write(fd_, p, n);
+      ssize_t k = fault_now(FaultSite::file_write) ? (errno = EIO, -1) : ::write(fd_, p, n);
       if (k < 0 && errno == EINTR) continue;
       check(k > 0, "cannot write ", path_);
       p += k;
@@ -250,9 +298,22 @@ class TempFile {
     }
   }
 
+  // Overwrites n bytes at `offset` (the header, once the checksums are known).
+  void rewrite_at(uint64_t offset, const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      ssize_t k = fault_now(FaultSite::file_write) ? (errno = EIO, -1) : ::pwrite(fd_, p, n, off_t(offset));
+      if (k < 0 && errno == EINTR) continue;
+      check(k > 0, "cannot write ", path_);
+      p += k;
+      offset += uint64_t(k);
+      n -= size_t(k);
+    }
+  }
+
   // Makes the bytes durable, then atomically replaces the target with them.
   void commit() {
-    check(::fsync(fd_) == 0, "cannot fsync ", path_);
+    check(!fault_now(FaultSite::file_write) ? ::fsync(fd_) == 0 : (errno = EIO, false), "cannot fsync ", path_);
     int fd = fd_;
     fd_ = -1;
     check(::close(fd) == 0, "cannot close ", path_);
@@ -281,11 +342,12 @@ class TempFile {
 
 // Writes t's elements in row-major order. A contiguous host tensor goes straight from its memory;
 // anything else through a host staging tensor (workspace memory, freed right after).
-void write_tensor_bytes(TempFile& out, const Tensor& t) {
-  if (t.nbytes() == 0) return;
+// Returns the XXH3-64 of the bytes written.
+uint64_t write_tensor_bytes(TempFile& out, const Tensor& t) {
+  if (t.nbytes() == 0) return checksum64(nullptr, 0);
   if (t.device().is_cpu() && t.is_contiguous()) {
     out.write_all(t.data_ptr(), t.nbytes());
-    return;
+    return checksum64(t.data_ptr(), t.nbytes());
   }
   MemoryCategoryGuard category(MemoryCategory::workspace);
   Tensor host = empty(t.shape(), {.dtype = t.dtype(), .device = kCPU});
@@ -302,23 +364,21 @@ void write_tensor_bytes(TempFile& out, const Tensor& t) {
     copy_to_contiguous_bytes(span_host.as_strided(t.shape(), t.strides(), 0), host.data_ptr());
   }
   out.write_all(host.data_ptr(), host.nbytes());
+  return checksum64(host.data_ptr(), host.nbytes());
 }
 
-}  // namespace
-
-void save_safetensors(const std::string& path, const NamedTensors& tensors,
-                      const std::map<std::string, std::string>& metadata) {
-  // Everything that can be checked is checked before the temp file exists.
-  std::set<std::string> names;
+// The header text for `tensors` (with the data offsets and the checksums `sums`, in order),
+// padded with spaces to a multiple of 8 bytes.
+std::string header_text(const std::string& path, const NamedTensors& tensors,
+                        const std::map<std::string, std::string>& metadata, const std::vector<uint64_t>& sums) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  nlohmann::ordered_json md = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : metadata) md[k] = v;
+  if (!metadata.empty() || !tensors.empty()) md[kMetadataChecksumKey] = checksum_hex(metadata_checksum(metadata));
+  for (size_t i = 0; i < tensors.size(); ++i) md[kChecksumPrefix + tensors[i].first] = checksum_hex(sums[i]);
+  if (!md.empty()) header["__metadata__"] = std::move(md);
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
-    MG_CHECK(name != "__metadata__", "save_safetensors: ", path, ": '__metadata__' is reserved, not a tensor name");
-    MG_CHECK(names.insert(name).second, "save_safetensors: ", path, ": duplicate tensor name '", name, "'");
-    MG_CHECK(t.defined(), "save_safetensors: ", path, ": tensor '", name, "' is undefined");
-    MG_CHECK(!t.is_meta(), "save_safetensors: ", path, ": tensor '", name,
-             "' is on meta, which holds no data (move it to a real device first)");
     nlohmann::ordered_json entry = nlohmann::ordered_json::object();
     entry["dtype"] = safetensors_dtype_name(t.dtype());
     entry["shape"] = nlohmann::ordered_json::array();
@@ -335,15 +395,55 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
              e.what());
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // pad so the data starts 8-byte aligned
+  return text;
+}
+
+}  // namespace
+
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  // Everything that can be checked is checked before the temp file exists.
+  for (const auto& [k, _] : metadata)
+    MG_CHECK(k.rfind(kChecksumPrefix, 0) != 0, "save_safetensors: ", path, ": metadata key '", k,
+             "' is reserved (memgrad stores each tensor's checksum under \"", kChecksumPrefix, "<name>\")");
+  std::set<std::string> names;
+  for (const auto& [name, t] : tensors) {
+    MG_CHECK(name != "__metadata__", "save_safetensors: ", path, ": '__metadata__' is reserved, not a tensor name");
+    MG_CHECK(names.insert(name).second, "save_safetensors: ", path, ": duplicate tensor name '", name, "'");
+    MG_CHECK(t.defined(), "save_safetensors: ", path, ": tensor '", name, "' is undefined");
+    MG_CHECK(!t.is_meta(), "save_safetensors: ", path, ": tensor '", name,
+             "' is on meta, which holds no data (move it to a real device first)");
+  }
+  // The header goes first with placeholder checksums (16 zeros: the same length as the real
+  // ones), the data follows in one pass that hashes it, and the header is rewritten in place.
+  std::vector<uint64_t> sums(tensors.size(), 0);
+  const std::string text = header_text(path, tensors, metadata, sums);
 
   unsigned char len_bytes[8];
   for (int i = 0; i < 8; ++i) len_bytes[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
   TempFile out(path);
   out.write_all(len_bytes, 8);
   out.write_all(text.data(), text.size());
-  for (const auto& [name, t] : tensors) write_tensor_bytes(out, t);
+  for (size_t i = 0; i < tensors.size(); ++i) sums[i] = write_tensor_bytes(out, tensors[i].second);
+  if (!tensors.empty()) {
+    const std::string final_text = header_text(path, tensors, metadata, sums);
+    MG_INTERNAL_ASSERT(final_text.size() == text.size(), "safetensors header changed length with its checksums");
+    out.rewrite_at(8, final_text.data(), final_text.size());
+  }
   out.commit();
 }
+
+namespace {
+void verify_checksum(const std::string& path, const Header& h, const Entry& e, const void* data, size_t n) {
+  auto it = h.checksums.find(e.name);
+  if (it == h.checksums.end()) return;  // a file without checksums (split_checksums: all or none)
+  const uint64_t actual = checksum64(data, n);
+  MG_ST_CHECK(actual == it->second, "tensor '", e.name, "' is corrupt: its ", n, " bytes hash to xxh3 ",
+              checksum_hex(actual), ", the file recorded ", checksum_hex(it->second),
+              "\n  hint: the file was damaged after it was written (disk, copy, edit); restore it or "
+              "use an earlier checkpoint");
+}
+}  // namespace
 
 NamedTensors load_safetensors(const std::string& path, Device device) {
   std::ifstream f = open_for_reading(path);
@@ -364,8 +464,10 @@ NamedTensors load_safetensors(const std::string& path, Device device) {
       f.read(static_cast<char*>(host.data_ptr()), std::streamsize(n));
       // The size was validated, so a short read means the file shrank while we read it.
       MG_ST_CHECK(bool(f), "truncated data section: cannot read the ", n, " bytes of entry '", e.name, "'");
+      verify_checksum(path, h, e, host.data_ptr(), n);
       if (!host.is_same(t)) copy_bytes(t.data_ptr(), device, host.data_ptr(), kCPU, n);
     }
+    if (!device.is_meta() && n == 0) verify_checksum(path, h, e, nullptr, 0);
     out.emplace_back(e.name, std::move(t));
   }
   return out;

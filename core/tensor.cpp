@@ -19,6 +19,12 @@ namespace {
 
 std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device device) {
   for (int64_t d : shape) MG_CHECK(d >= 0, "cannot create a tensor with a negative size: ", shape_str(shape));
+  // A shape read from a file can name more bytes than 63 bits hold (tests/fuzz/fuzz_idx.cpp).
+  // Zero sizes count as 1: the contiguous strides of an empty tensor must be representable too.
+  int64_t bytes = int64_t(dtype_size(dtype));
+  for (int64_t d : shape)
+    MG_CHECK(!__builtin_mul_overflow(bytes, d > 0 ? d : 1, &bytes), "cannot create a tensor of shape ",
+             shape_str(shape), ": its sizes multiply past 63 bits");
   MG_CHECK(device.type != DeviceType::cuda || backend_available(DeviceType::cuda), "no CUDA device: ",
            device.str(), " was requested but this memgrad has no CUDA backend");
   auto impl = std::make_shared<TensorImpl>();

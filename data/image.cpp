@@ -37,9 +37,33 @@ const char* reason() {
   return r ? r : "unknown error";
 }
 
-// Copies stb's pixels into a tensor and frees them.
-Tensor adopt_pixels(unsigned char* pixels, int w, int h, int c) {
+// Images up to 2^26 pixels (8192 x 8192): memgrad's datasets are far smaller, and stb's own
+// buffer (outside the allocator) stays under 256 MiB.
+constexpr int64_t kMaxImagePixels = int64_t(1) << 26;
+void check_pixel_count(const char* op, const std::string& name, int w, int h) {
+  MG_CHECK(int64_t(w) * int64_t(h) <= kMaxImagePixels, op, ": '", name, "' is ", w, "x", h,
+           " pixels, more than memgrad's limit of ", kMaxImagePixels, " (corrupt header?)");
+}
+
+// stb reserves a PNG chunk's claimed length before reading it (1.2 GB for a 90-byte file found by
+// tests/fuzz/fuzz_image.cpp): every chunk of an in-memory PNG must fit in the bytes given.
+void check_png_chunks(std::span<const uint8_t> b, const std::string& name) {
+  static const uint8_t kSig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  if (b.size() < 8 || std::memcmp(b.data(), kSig, 8) != 0) return;
+  for (size_t at = 8; at + 8 <= b.size();) {
+    const uint64_t len = (uint64_t(b[at]) << 24) | (uint64_t(b[at + 1]) << 16) | (uint64_t(b[at + 2]) << 8) | b[at + 3];
+    MG_CHECK(at + 12 + len <= b.size(), "decode_image: '", name, "' is a corrupt PNG: a chunk of ", len,
+             " bytes at offset ", at, " runs past the end of the ", b.size(), "-byte file");
+    if (std::memcmp(b.data() + at + 4, "IEND", 4) == 0) return;
+    at += 12 + len;
+  }
+}
+
+// Copies stb's pixels into a tensor and frees them. stb accepts a header of width or height 0
+// (found by tests/fuzz/fuzz_image.cpp): an error here, not an empty image.
+Tensor adopt_pixels(unsigned char* pixels, int w, int h, int c, const char* op, const std::string& name) {
   std::unique_ptr<unsigned char, void (*)(void*)> owner(pixels, stbi_image_free);
+  MG_CHECK(w > 0 && h > 0 && c > 0, op, ": '", name, "' is an empty image (", w, "x", h, ", ", c, " channels)");
   Tensor img = empty({h, w, c}, {.dtype = DType::u8});  // (H, W, C)
   std::memcpy(img.data<uint8_t>(), pixels, size_t(h) * size_t(w) * size_t(c));
   return img;
@@ -70,10 +94,13 @@ Tensor read_image(const std::string& path, int channels) {
   check_channels("read_image", channels);
   check_exists("read_image", path);
   int w = 0, h = 0, c = 0;
+  MG_CHECK(stbi_info(path.c_str(), &w, &h, &c) == 1, "read_image: cannot decode '", path, "': ", reason(),
+           "\n  hint: PNG, JPEG, BMP, GIF, TGA and PNM files are supported");
+  check_pixel_count("read_image", path, w, h);
   unsigned char* pixels = stbi_load(path.c_str(), &w, &h, &c, channels);
   MG_CHECK(pixels != nullptr, "read_image: cannot decode '", path, "': ", reason(),
            "\n  hint: PNG, JPEG, BMP, GIF, TGA and PNM files are supported");
-  return adopt_pixels(pixels, w, h, channels ? channels : c);
+  return adopt_pixels(pixels, w, h, channels ? channels : c, "read_image", path);
 }
 
 Tensor decode_image(std::span<const uint8_t> bytes, const std::string& name, int channels) {
@@ -81,9 +108,14 @@ Tensor decode_image(std::span<const uint8_t> bytes, const std::string& name, int
   MG_CHECK(!bytes.empty(), "decode_image: '", name, "' is empty (0 bytes)");
   MG_CHECK(bytes.size() <= size_t(INT32_MAX), "decode_image: '", name, "' is too large (", bytes.size(), " bytes)");
   int w = 0, h = 0, c = 0;
+  // stb allocates whatever the header claims; refuse giant images before it does (tests/fuzz/fuzz_image.cpp).
+  check_png_chunks(bytes, name);
+  MG_CHECK(stbi_info_from_memory(bytes.data(), int(bytes.size()), &w, &h, &c) == 1, "decode_image: cannot decode '",
+           name, "': ", reason());
+  check_pixel_count("decode_image", name, w, h);
   unsigned char* pixels = stbi_load_from_memory(bytes.data(), int(bytes.size()), &w, &h, &c, channels);
   MG_CHECK(pixels != nullptr, "decode_image: cannot decode '", name, "': ", reason());
-  return adopt_pixels(pixels, w, h, channels ? channels : c);
+  return adopt_pixels(pixels, w, h, channels ? channels : c, "decode_image", name);
 }
 
 Tensor resize_image(const Tensor& image, int64_t height, int64_t width) {

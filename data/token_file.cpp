@@ -52,7 +52,8 @@ TokenFileWriter::TokenFileWriter(std::string path, int width) : path_(std::move(
   put_le(header + 8, kTokenFileVersion, 4);
   put_le(header + 12, uint64_t(width_), 4);
   put_le(header + 16, 0, 8);  // the count, patched by finish()
-  write_raw(header, sizeof(header));
+  MG_CHECK(std::fwrite(header, 1, sizeof(header), file_) == sizeof(header), "write_token_file: writing '", tmp_path_,
+           "' failed: ", std::strerror(errno));
 }
 
 TokenFileWriter::~TokenFileWriter() {
@@ -64,6 +65,7 @@ TokenFileWriter::~TokenFileWriter() {
 
 void TokenFileWriter::write_raw(const void* data, size_t n) {
   MG_CHECK(file_ != nullptr, "write_token_file: '", path_, "' was already finished");
+  checksum_.update(data, n);  // token bytes only: the header is written by the constructor
   MG_CHECK(std::fwrite(data, 1, n, file_) == n, "write_token_file: writing '", tmp_path_, "' failed: ", std::strerror(errno));
 }
 
@@ -98,10 +100,11 @@ void TokenFileWriter::append_bytes(std::string_view bytes) {
 }
 
 void TokenFileWriter::finish() {
-  unsigned char count[8];
+  unsigned char count[8], trailer[kTokenFileTrailerBytes];
   put_le(count, uint64_t(count_), 8);
+  put_le(trailer, checksum_.digest(), 8);
   MG_CHECK(file_ != nullptr, "write_token_file: '", path_, "' was already finished");
-  bool ok = std::fseek(file_, 16, SEEK_SET) == 0 && std::fwrite(count, 1, 8, file_) == 8 && std::fflush(file_) == 0 &&
+  bool ok = std::fwrite(trailer, 1, sizeof(trailer), file_) == sizeof(trailer) && std::fseek(file_, 16, SEEK_SET) == 0 && std::fwrite(count, 1, 8, file_) == 8 && std::fflush(file_) == 0 &&
             ::fsync(::fileno(file_)) == 0;
   int err = errno;
   ok = (std::fclose(file_) == 0) && ok;
@@ -141,7 +144,7 @@ TokenFile::TokenFile(std::string path) : path_(std::move(path)) {
   }
   void* p = ::mmap(nullptr, size_t(file_bytes), PROT_READ, MAP_SHARED, fd, 0);
   int err = errno;
-  ::close(fd);  // the mapping keeps the file alive
+  if (p == MAP_FAILED) ::close(fd);
   MG_CHECK(p != MAP_FAILED, "TokenFile: cannot map '", path_, "': ", std::strerror(err));
   map_ = static_cast<const unsigned char*>(p);
   map_bytes_ = size_t(file_bytes);
@@ -150,6 +153,7 @@ TokenFile::TokenFile(std::string path) : path_(std::move(path)) {
 
   // Validate before anyone reads a token; unmap on failure (the destructor will not run).
   auto fail = [&](const std::string& why) {
+    ::close(fd);
     ::munmap(p, map_bytes_);
     map_ = nullptr;
     MG_THROW("TokenFile: '", path_, "' ", why);
@@ -157,23 +161,43 @@ TokenFile::TokenFile(std::string path) : path_(std::move(path)) {
   if (std::memcmp(map_, kTokenFileMagic, 8) != 0)
     fail("has a bad magic number (not a memgrad token file: expected it to start with \"MGTOKENS\")");
   auto version = uint32_t(get_le(map_ + 8, 4));
-  if (version != kTokenFileVersion)
-    fail("has version " + std::to_string(version) + ", this memgrad reads version " + std::to_string(kTokenFileVersion));
+  if (version != 1 && version != 2)
+    fail("has version " + std::to_string(version) + ", this memgrad reads versions 1 and 2");
+  const int64_t trailer = version >= 2 ? kTokenFileTrailerBytes : 0;
   width_ = int(get_le(map_ + 12, 4));
   if (width_ != 1 && width_ != 2 && width_ != 4)
     fail("has token width " + std::to_string(width_) + " bytes; a token file's width is 1, 2 or 4");
   uint64_t count = get_le(map_ + 16, 8);
-  if (count > uint64_t((INT64_MAX - kTokenFileHeaderBytes) / 4)) fail("has an impossible token count " + std::to_string(count));
+  if (count > uint64_t((INT64_MAX - kTokenFileHeaderBytes - trailer) / 4)) fail("has an impossible token count " + std::to_string(count));
   count_ = int64_t(count);
-  int64_t expected = kTokenFileHeaderBytes + count_ * width_;
+  int64_t expected = kTokenFileHeaderBytes + count_ * width_ + trailer;
   if (file_bytes < expected)
     fail("is truncated: the header says " + std::to_string(count_) + " tokens of " + std::to_string(width_) +
          " byte(s), so the file should have " + std::to_string(expected) + " bytes, but it has " +
          std::to_string(file_bytes));
   if (file_bytes > expected)
     fail("has " + std::to_string(file_bytes - expected) + " trailing bytes: expected " + std::to_string(expected) +
-         " bytes (header + " + std::to_string(count_) + " tokens), the file has " + std::to_string(file_bytes));
+         " bytes (header + " + std::to_string(count_) + " tokens" + (trailer ? " + checksum" : "") +
+         "), the file has " + std::to_string(file_bytes));
   if (count_ == 0) fail("contains no tokens");
+  if (version >= 2) {
+    // Read through the descriptor, not the mapping: the check must not make the corpus resident.
+    Checksummer sum;
+    unsigned char buf[1 << 16];
+    const int64_t end = kTokenFileHeaderBytes + count_ * width_;
+    for (int64_t off = kTokenFileHeaderBytes; off < end;) {
+      ssize_t k = ::pread(fd, buf, size_t(std::min<int64_t>(sizeof(buf), end - off)), off);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) fail(std::string("cannot be read: ") + (k < 0 ? std::strerror(errno) : "it shrank"));
+      sum.update(buf, size_t(k));
+      off += k;
+    }
+    const uint64_t stored = get_le(map_ + end, 8);
+    if (sum.digest() != stored)
+      fail("is corrupt: its token bytes hash to xxh3 " + checksum_hex(sum.digest()) + ", the file recorded " +
+           checksum_hex(stored) + "\n  hint: the file was damaged after it was written; run `memgrad data tokenize` again");
+  }
+  ::close(fd);  // the mapping keeps the file alive
 }
 
 TokenFile::~TokenFile() {

@@ -2,7 +2,9 @@
 // training run reads only the windows it samples and its memory stays flat however large the
 // corpus is (the "data streaming" technique). Format (little-endian):
 //   "MGTOKENS" (8 bytes) | u32 version = 1 | u32 token width in bytes (1, 2, 4) | u64 count |
-//   count tokens of `width` bytes each.
+//   count tokens of `width` bytes each | (version 2) u64 XXH3-64 of the token bytes.
+// Opening a version-2 file reads it once to verify the checksum (Note [Checksums]); version-1
+// files (no checksum) still open.
 // Writers go to a temporary file and rename it into place, so a reader never sees half a file.
 #pragma once
 #include <cstdint>
@@ -12,10 +14,13 @@
 #include <string_view>
 #include <vector>
 
+#include "core/checksum.h"
+
 namespace mg {
 
 inline constexpr char kTokenFileMagic[9] = "MGTOKENS";
-inline constexpr uint32_t kTokenFileVersion = 1;
+inline constexpr uint32_t kTokenFileVersion = 2;  // writes 2, reads 1 and 2
+inline constexpr int64_t kTokenFileTrailerBytes = 8;  // version 2: the checksum
 inline constexpr int64_t kTokenFileHeaderBytes = 24;
 
 // Streams tokens into a new token file without holding them in memory.
@@ -40,6 +45,7 @@ class TokenFileWriter {
   int width_;
   int64_t count_ = 0;
   std::FILE* file_ = nullptr;
+  Checksummer checksum_;  // of the token bytes written so far
 };
 
 // Writes a whole token file at once (atomic: temporary file + rename).
@@ -49,7 +55,8 @@ void write_token_file(const std::string& path, std::span<const uint32_t> tokens,
 class TokenFile {
  public:
   // Throws naming the file for: missing, too short, bad magic, version, width, or a size that
-  // is not header + count * width (truncated or trailing bytes), or zero tokens.
+  // is not header + count * width (+ trailer) (truncated or trailing bytes), zero tokens, or
+  // (version 2) token bytes that do not match the checksum.
   explicit TokenFile(std::string path);
   ~TokenFile();
   TokenFile(const TokenFile&) = delete;

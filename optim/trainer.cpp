@@ -173,18 +173,26 @@ void Trainer::update(StepReport& r) {
   std::vector<Tensor> params;
   for (const auto& g : optimizer_.param_groups())
     for (const auto& [_, p] : g.params) params.push_back(p);
-  bool finite = true;
-  if (scaler_) finite = scaler_->unscale(optimizer_);
-  if (opt_.grad_clip > 0 && finite) {
-    if (opt_.sync && opt_.sync->sharded())  // each rank holds a disjoint shard of the gradients
-      r.grad_norm = clip_grad_norm(params, opt_.grad_clip, [&](double sq) { return opt_.sync->sum_across(sq); });
-    else
-      r.grad_norm = clip_grad_norm(params, opt_.grad_clip);
-  }
-  if (scaler_) {
-    r.stepped = scaler_->step(optimizer_);
-  } else {
-    optimizer_.step();
+  try {
+    bool finite = true;
+    if (scaler_) finite = scaler_->unscale(optimizer_);
+    if (opt_.grad_clip > 0 && finite) {
+      if (opt_.sync && opt_.sync->sharded())  // each rank holds a disjoint shard of the gradients
+        r.grad_norm = clip_grad_norm(params, opt_.grad_clip, [&](double sq) { return opt_.sync->sum_across(sq); });
+      else
+        r.grad_norm = clip_grad_norm(params, opt_.grad_clip);
+    }
+    if (scaler_) {
+      r.stepped = scaler_->step(optimizer_);
+    } else {
+      optimizer_.step();
+    }
+  } catch (const OutOfMemoryError&) {
+    // Out of memory in the update (clipping's or the optimizer's temporaries): the gradients go
+    // too, so the caller's memory is what it was before the step (tests/optim/test_alloc_faults.cpp).
+    optimizer_.zero_grad();
+    model_.zero_grad();
+    throw;
   }
   optimizer_.zero_grad();
   if (opt_.sync) opt_.sync->after_step();

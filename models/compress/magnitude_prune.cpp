@@ -22,7 +22,8 @@ Tensor magnitudes(const NamedTensors& weights) {
   MemoryCategoryGuard scratch(MemoryCategory::workspace);
   Tensor out = empty({n}, {.dtype = DType::f32});
   float* o = out.data<float>();
-  for (const auto& [_, w] : weights) {
+  for (const auto& entry : weights) {
+    const Tensor& w = entry.second;  // not a structured binding: clang < 16 cannot capture those
     MG_DISPATCH_FLOAT(w.dtype(), "magnitude prune", [&] {
       const scalar_t* p = w.data<scalar_t>();
       for (int64_t i = 0; i < w.numel(); ++i) *o++ = std::abs(float(p[i]));
@@ -47,7 +48,8 @@ void prune_smallest(const NamedTensors& weights, const Tensor& mag, int64_t remo
   for (int64_t i = 0; i < n; ++i) below += m[i] < threshold;
   int64_t ties = remove - below;  // entries equal to the threshold that go too (in index order)
   int64_t i = 0;
-  for (const auto& [_, w] : weights) {
+  for (const auto& entry : weights) {
+    const Tensor& w = entry.second;  // not a structured binding: clang < 16 cannot capture those
     MG_DISPATCH_FLOAT(w.dtype(), "magnitude prune", [&] {
       scalar_t* p = w.data<scalar_t>();
       for (int64_t k = 0; k < w.numel(); ++k, ++i) {

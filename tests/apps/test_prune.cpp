@@ -103,7 +103,7 @@ TEST_CASE("prune command: gpt unstructured stores the weights sparse and keeps t
   CHECK(r.parameter_bytes_after == r.parameter_bytes_before);  // dense in memory
 }
 
-TEST_CASE("prune command: vision structured run evaluates and fine-tunes", "[prune][apps]") {
+TEST_CASE("prune command: vision structured run evaluates and fine-tunes", "[prune][apps][slow]") {
   DataTempDir tmp("prune_vision");
   const std::string run = tiny_vision_run(tmp, "run");
   const std::string criterion = GENERATE("bn", "taylor");

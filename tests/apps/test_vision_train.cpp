@@ -38,7 +38,7 @@ VisionTrainOptions tiny_options(const std::string& data, const std::string& out)
 
 }  // namespace
 
-TEST_CASE("vision train: an interrupted and resumed run equals the uninterrupted run exactly", "[apps]") {
+TEST_CASE("vision train: an interrupted and resumed run equals the uninterrupted run exactly", "[apps][slow]") {
   DataTempDir tmp("vision_resume");
   // 40 images: every 10th is held out (4 test), 36 train = 3 batches of 12 per epoch, 6 steps.
   const std::string images = write_tiny_image_folder(tmp, 20);

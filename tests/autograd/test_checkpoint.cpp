@@ -65,7 +65,7 @@ TEST_CASE("checkpointed GPT gradients are bit-identical to the uncheckpointed on
   }
 }
 
-TEST_CASE("checkpointing lowers the activation peak of a GPT step") {
+TEST_CASE("checkpointing lowers the activation peak of a GPT step", "[slow]") {
   const Device dev{DeviceType::cpu, 5};  // a pool of its own
   auto peak_of = [&](const std::string& policy) {
     Generator init(3);

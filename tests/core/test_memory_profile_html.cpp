@@ -40,7 +40,7 @@ std::string run(const std::string& cmd, int& status) {
 }
 }  // namespace
 
-TEST_CASE("memory.html renders in headless chromium with the profiler's peak", "[profiler][chromium]") {
+TEST_CASE("memory.html renders in headless chromium with the profiler's peak", "[profiler][chromium][slow]") {
   const std::string chromium = find_chromium();
   if (chromium.empty())
     FAIL("chromium not found on PATH: the memory.html check needs Debian's chromium package; "

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "core/checksum.h"
 #include "core/safetensors.h"
 #include "core/tensor.h"
 
@@ -183,7 +184,7 @@ TEST_CASE("safetensors: 0-d and empty tensors", "[safetensors]") {
   }
 }
 
-TEST_CASE("safetensors: metadata round-trips and is omitted when empty", "[safetensors]") {
+TEST_CASE("safetensors: metadata round-trips and is omitted when there is none", "[safetensors]") {
   TempDir tmp;
   std::string path = tmp.file("meta.safetensors");
   std::map<std::string, std::string> md = {{"format", "pt"}, {"step", "1200"}, {"note", "ünïcode \"quoted\""},
@@ -193,8 +194,9 @@ TEST_CASE("safetensors: metadata round-trips and is omitted when empty", "[safet
   CHECK(load_safetensors(path).size() == 1);  // __metadata__ is not a tensor
 
   save_safetensors(path, {{"x", ones({2})}});
+  CHECK(load_safetensors_metadata(path).empty());  // the checksum entries are not user metadata
+  save_safetensors(path, {});
   CHECK(read_file(path).find("__metadata__") == std::string::npos);
-  CHECK(load_safetensors_metadata(path).empty());
 }
 
 TEST_CASE("safetensors: the writer produces the reference byte layout", "[safetensors]") {
@@ -202,10 +204,15 @@ TEST_CASE("safetensors: the writer produces the reference byte layout", "[safete
   std::string path = tmp.file("layout.safetensors");
   save_safetensors(path, {{"w", from_vector(std::vector<float>{1.0f, -2.0f}, {2}, {})}}, {{"format", "pt"}});
   // What huggingface/safetensors writes: compact JSON, __metadata__ first, padded with spaces to
-  // a multiple of 8, then little-endian data (1.0f = 00 00 80 3f, -2.0f = 00 00 00 c0).
-  std::string header = R"({"__metadata__":{"format":"pt"},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
-  header.append((8 - header.size() % 8) % 8, ' ');
+  // a multiple of 8, then little-endian data (1.0f = 00 00 80 3f, -2.0f = 00 00 00 c0); memgrad
+  // adds each tensor's XXH3-64 to the metadata (core/checksum.h).
   std::string data("\x00\x00\x80\x3f\x00\x00\x00\xc0", 8);
+  const std::string md_json = R"({"format":"pt"})";
+  std::string header = R"({"__metadata__":{"format":"pt","xxh3:__metadata__":")" +
+                       checksum_hex(checksum64(md_json.data(), md_json.size())) + R"(","xxh3:w":")" +
+                       checksum_hex(checksum64(data.data(), 8)) +
+                       R"("},"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  header.append((8 - header.size() % 8) % 8, ' ');
   CHECK(read_file(path) == st_bytes(header, data));
 }
 

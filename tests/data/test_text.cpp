@@ -47,7 +47,7 @@ TEST_CASE("token files round trip for widths 1, 2 and 4", "[data][token_file]") 
     tokens.push_back(uint32_t(max));
     std::string path = tmp.file(std::to_string(width) + "_bytes.tok");
     write_token_file(path, tokens, width);
-    CHECK(fs::file_size(path) == 24 + tokens.size() * size_t(width));
+    CHECK(fs::file_size(path) == 24 + tokens.size() * size_t(width) + 8);  // + the checksum
     TokenFile f(path);
     CHECK(f.size() == int64_t(tokens.size()));
     CHECK(f.width() == width);
@@ -58,11 +58,19 @@ TEST_CASE("token files round trip for widths 1, 2 and 4", "[data][token_file]") 
     for (int i = 0; i < 5; ++i) CHECK(window[size_t(i)] == int64_t(tokens[size_t(10 + i)]));
     CHECK_THROWS_WITH(f.read(999, 5), Contains("outside the file's 1001 tokens"));
   }
-  // Little-endian layout, written by hand: "MGTOKENS", version 1, width 2, count 2, 0x0102 0x0304.
+  // Little-endian layout, written by hand: "MGTOKENS", version 2, width 2, count 2, 0x0102 0x0304,
+  // then the XXH3-64 of the 4 token bytes.
   std::string path = tmp.file("le.tok");
   write_token_file(path, std::vector<uint32_t>{0x0102, 0x0304}, 2);
-  std::string want("MGTOKENS\x01\0\0\0\x02\0\0\0\x02\0\0\0\0\0\0\0\x02\x01\x04\x03", 28);
+  std::string want("MGTOKENS\x02\0\0\0\x02\0\0\0\x02\0\0\0\0\0\0\0\x02\x01\x04\x03", 28);
+  const uint64_t sum = checksum64("\x02\x01\x04\x03", 4);
+  for (int i = 0; i < 8; ++i) want += char((sum >> (8 * i)) & 0xff);
   CHECK(mg::test::read_bytes(path) == want);
+  // A version-1 file (no checksum) still opens.
+  std::string v1 = want.substr(0, 28);
+  v1[8] = 1;
+  mg::test::write_bytes(tmp.file("v1.tok"), v1);
+  CHECK(TokenFile(tmp.file("v1.tok")).read(0, 2) == std::vector<uint32_t>{0x0102, 0x0304});
   // No temporary files are left behind.
   for (const auto& e : fs::directory_iterator(tmp.dir)) CHECK(e.path().string().find(".tmp.") == std::string::npos);
   // A token that does not fit is an error, and the failed write leaves no file.
@@ -76,7 +84,7 @@ TEST_CASE("corrupt token files give errors naming the file and the problem", "[d
   DataTempDir tmp("badtokens");
   std::string good = tmp.file("good.tok");
   write_token_file(good, std::vector<uint32_t>{1, 2, 3, 4}, 2);
-  const std::string bytes = mg::test::read_bytes(good);  // 24 + 8 bytes
+  const std::string bytes = mg::test::read_bytes(good);  // 24 + 8 + 8 bytes
   auto variant = [&](const std::string& name, std::string b) {
     std::string p = tmp.file(name);
     mg::test::write_bytes(p, b);
@@ -90,20 +98,45 @@ TEST_CASE("corrupt token files give errors naming the file and the problem", "[d
   b[0] = 'X';
   expect_error(variant("magic.tok", b), "bad magic number");
   b = bytes;
-  b[8] = 2;
-  expect_error(variant("version.tok", b), "has version 2, this memgrad reads version 1");
+  b[8] = 3;
+  expect_error(variant("version.tok", b), "has version 3, this memgrad reads versions 1 and 2");
   b = bytes;
   b[12] = 3;
   expect_error(variant("width.tok", b), "token width 3 bytes");
   expect_error(variant("truncated.tok", bytes.substr(0, bytes.size() - 1)),
-               "is truncated: the header says 4 tokens of 2 byte(s), so the file should have 32 bytes, but it has 31");
+               "is truncated: the header says 4 tokens of 2 byte(s), so the file should have 40 bytes, but it has 39");
   expect_error(variant("trailing.tok", bytes + "x"), "1 trailing bytes");
   expect_error(variant("empty.tok", ""), "the file is empty");
   expect_error(variant("short.tok", bytes.substr(0, 10)), "too short for a token file: 10 bytes");
-  b = bytes.substr(0, 24);
+  b = bytes.substr(0, 24) + bytes.substr(32, 8);
   for (int i = 16; i < 24; ++i) b[size_t(i)] = 0;
   expect_error(variant("zero.tok", b), "contains no tokens");
   expect_error(tmp.file("missing.tok"), "cannot open");
+}
+
+TEST_CASE("token files: every single-bit flip in the tokens or the checksum is detected", "[data][token_file][checksum]") {
+  DataTempDir tmp("tokenflips");
+  std::string good = tmp.file("good.tok");
+  std::vector<uint32_t> tokens(40);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = uint32_t(i * 37 % 251);
+  write_token_file(good, tokens, 1);
+  const std::string bytes = mg::test::read_bytes(good);
+  REQUIRE(bytes.size() == 24 + 40 + 8);
+  int detected = 0, flips = 0;
+  for (size_t byte = 24; byte < bytes.size(); ++byte)
+    for (int bit = 0; bit < 8; ++bit, ++flips) {
+      std::string b = bytes;
+      b[byte] = char(b[byte] ^ (1 << bit));
+      std::string p = tmp.file("flip.tok");
+      mg::test::write_bytes(p, b);
+      try {
+        TokenFile f(p);
+      } catch (const Error& e) {
+        detected += std::string(e.what()).find("is corrupt") != std::string::npos;
+      }
+    }
+  CHECK(flips == 48 * 8);
+  CHECK(detected == flips);
 }
 
 TEST_CASE("token windows: values, region, reproducible sampling", "[data][token_file]") {
@@ -166,7 +199,7 @@ TEST_CASE("streaming a 64 MiB token file keeps memory flat under a 1 MiB budget"
     }
     w.finish();
   }
-  REQUIRE(fs::file_size(path) == size_t(24 + 2 * n));
+  REQUIRE(fs::file_size(path) == size_t(24 + 2 * n + 8));
   const Device dev("cpu:13");
   set_memory_limit(dev, 1 << 20);
   reset_peak_stats(dev);

@@ -102,7 +102,7 @@ double max_deviation(const std::vector<double>& a, const std::vector<double>& re
 
 }  // namespace
 
-TEST_CASE("mixed precision: gpt-mini loss curves over 200 steps stay close to fp32's") {
+TEST_CASE("mixed precision: gpt-mini loss curves over 200 steps stay close to fp32's", "[slow]") {
   constexpr int kSteps = 200;
   // Stated bounds on the smoothed curves' largest deviation from fp32 (in nats; the loss falls
   // from 5.63 to 2.73). Measured with MG_PRINT_CURVES=1: bf16 0.151, fp16 0.118, bf16-pure 0.249,
@@ -128,7 +128,7 @@ TEST_CASE("mixed precision: gpt-mini loss curves over 200 steps stay close to fp
   }
 }
 
-TEST_CASE("mixed precision: fp16 with an overflowing loss scale recovers without NaN parameters") {
+TEST_CASE("mixed precision: fp16 with an overflowing loss scale recovers without NaN parameters", "[slow]") {
   const double init = std::ldexp(1.0, 40);
   const Run r = train(Mode::fp16, 40, init);
   if (std::getenv("MG_PRINT_CURVES"))
@@ -141,7 +141,7 @@ TEST_CASE("mixed precision: fp16 with an overflowing loss scale recovers without
   CHECK(r.losses.back() < r.losses.front());
 }
 
-TEST_CASE("mixed precision: bf16-pure halves the parameter bytes, bf16 gradients, f32 masters") {
+TEST_CASE("mixed precision: bf16-pure halves the parameter bytes, bf16 gradients, f32 masters", "[slow]") {
   const Device dev = kCPU;
   const int64_t base = memory_stats(dev).category(MemoryCategory::parameter).current;
   GPTConfig cfg = GPTConfig::named("gpt-mini");

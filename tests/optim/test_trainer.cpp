@@ -132,7 +132,7 @@ TEST_CASE("accumulation with ignored targets weights micro-batches by counted ta
   CHECK(std::abs(c.loss - a.loss) > 1e-3 * std::abs(a.loss));
 }
 
-TEST_CASE("the optimizer state exists before the first forward, so auto-fit settles in the first step") {
+TEST_CASE("the optimizer state exists before the first forward, so auto-fit settles in the first step", "[slow]") {
   const Device dev{DeviceType::cpu, 10};
   // run(micro, limit, steps): a fresh model trained `steps` steps under the budget; the micro-batch
   // after each step and the final parameters.
