@@ -149,10 +149,16 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);  // views
 
-// ---- attention (attention.cpp) ---------------------------------------------------------------
-// q, k, v: (B, NH, T, HS) -> (B, NH, T, HS); softmax(q k^T / sqrt(HS) + causal mask) v, with the
-// (B, NH, T, T) scores materialised; dropout on the attention weights when dropout_p > 0.
+// ---- attention (attention.cpp, flash_attention.cpp) -------------------------------------------
+// q, k, v: (B, NH, T, HS) -> (B, NH, T, HS); softmax(q k^T / sqrt(HS) + causal mask) v; dropout
+// on the attention weights when dropout_p > 0. On cpu:N and meta the tiled (flash) path: no
+// (B, NH, T, T) tensor, saves the output and the row log-sum-exp; its output (and q, k, v's
+// gradients) are (B, T, NH, HS)-laid-out views, so merging heads is free. On cuda:N the math path.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                                     double dropout_p = 0.0, Generator* gen = nullptr);
+// The materialised reference: (B, NH, T, T) weights computed whole and saved. Same values within
+// float rounding and the same dropout draws as the default path.
+Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
+                                         double dropout_p = 0.0, Generator* gen = nullptr);
 
 }  // namespace mg

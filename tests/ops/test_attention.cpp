@@ -175,15 +175,29 @@ TEST_CASE("attention keeps the weights as an activation only when recording", "[
   auto activation = [] { return memory_stats(kCPU).category(MemoryCategory::activation).current; };
   int64_t before = activation();
   {
-    Tensor out = scaled_dot_product_attention(q, k, v, true);  // no graph: weights are scratch
+    Tensor out = scaled_dot_product_attention_math(q, k, v, true);  // no graph: weights are scratch
     CHECK(activation() - before == 2048);
   }
   q.set_requires_grad(true);
   {
-    Tensor out = scaled_dot_product_attention(q, k, v, true);  // out + saved weights
+    Tensor out = scaled_dot_product_attention_math(q, k, v, true);  // out + saved weights
     CHECK(activation() - before == 4096);
     backward(out, dout);
     CHECK(activation() - before == 2048);  // the weights were released right after backward
+  }
+  q.set_requires_grad(false);
+  // The default (flash) path keeps the row log-sum-exp (1, 2, 16) f32 = 128 B (one 512 B block)
+  // instead of the weights.
+  {
+    Tensor out = scaled_dot_product_attention(q, k, v, true);
+    CHECK(activation() - before == 2048);
+  }
+  q.set_requires_grad(true);
+  {
+    Tensor out = scaled_dot_product_attention(q, k, v, true);
+    CHECK(activation() - before == 2048 + 512);
+    backward(out, dout);
+    CHECK(activation() - before == 2048);
   }
 }
 
