@@ -110,6 +110,10 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 // logits: (N, C), target: (N) i64/i32 class indices -> scalar mean over targets != ignore_index.
 // Fused with log-softmax: saves only the logits' softmax statistics, never a (N, C) log-prob copy.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100);
+// hidden: (N, C), weight: (V, C), target: (N) -> (); equals cross_entropy(linear(hidden, weight),
+// target, ignore_index) without the (N, V) logits or their gradient ever whole (chunks of rows).
+Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& target,
+                            int64_t ignore_index = -100);
 Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean of squared differences
 
 // ---- normalisation (layer_norm.cpp, batch_norm.cpp) ------------------------------------------
