@@ -26,7 +26,7 @@ template <bool kFlash>
 void BM_attention(benchmark::State& state) {
   const int64_t B = state.range(0), NH = state.range(1), T = state.range(2), HS = 64;
   Tensor q = randn({B, T, NH, HS}, 1), k = randn({B, T, NH, HS}, 2), v = randn({B, T, NH, HS}, 3);
-  for (const Tensor& t : {q, k, v}) t.set_requires_grad(true);
+  q.set_requires_grad(true), k.set_requires_grad(true), v.set_requires_grad(true);
   Tensor dout = randn({B, NH, T, HS}, 4);
   auto step = [&] {
     Tensor qh = transpose(q, 1, 2), kh = transpose(k, 1, 2), vh = transpose(v, 1, 2);

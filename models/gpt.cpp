@@ -194,9 +194,14 @@ MLP::MLP(const GPTConfig& cfg, int64_t layer, const InitOptions& init) : UnaryMo
   dropout = register_module("dropout", std::make_shared<Dropout>(cfg.dropout));
 }
 
+// GELU and c_proj run as one op (ops: gelu_linear) that keeps only c_fc's output for backward,
+// not the GELU output too: one (B, T, 4C) tensor per block instead of two. A c_proj that is not a
+// plain Linear (weight-only int8) runs as its own module.
 Tensor MLP::forward(const Tensor& x) {
   auto scope = forward_scope();
-  return dropout->forward(c_proj->forward(gelu_tanh(c_fc->forward(x))));  // (B, T, 4C) inside
+  Tensor hidden = c_fc->forward(x);  // (B, T, 4C)
+  if (c_proj->type_name() == "Linear") return dropout->forward(gelu_linear(hidden, c_proj->weight, c_proj->bias));
+  return dropout->forward(c_proj->forward(gelu_tanh(hidden)));
 }
 
 Block::Block(const GPTConfig& cfg, int64_t layer, const InitOptions& init) : UnaryModule("Block") {

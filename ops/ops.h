@@ -56,6 +56,7 @@ Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor relu6(const Tensor& x);
 Tensor gelu_tanh(const Tensor& x);  // GPT-2's GELU: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+Tensor gelu_tanh_backward(const Tensor& dout, const Tensor& x);  // dout * gelu_tanh'(x), no graph
 Tensor silu(const Tensor& x);
 
 // Comparisons give bool tensors and no gradient.
@@ -103,6 +104,9 @@ Tensor sum_to(const Tensor& x, const Shape& shape);
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x: (..., in), weight: (out, in), bias: (out) or undefined -> (..., out)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// x: (..., H), weight: (out, H), bias: (out) -> (..., out) = linear(gelu_tanh(x), weight, bias),
+// saving x (and weight) but not gelu_tanh(x): backward recomputes it (gelu_linear.cpp).
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- softmax and losses (softmax.cpp, loss.cpp) ----------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim);
