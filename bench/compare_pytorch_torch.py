@@ -156,8 +156,8 @@ def blas_info():
     # PyPI wheels report BLAS_INFO=mkl; Debian's reports generic and calls libblas.so.3, which the
     # alternatives system points at OpenBLAS only when libopenblas0-openmp is installed.
     cfg = torch.__config__.show()
-    info = next((l.split("=", 1)[1].split(",")[0] for l in cfg.replace(",", "\n").splitlines()
-                 if l.strip().startswith("BLAS_INFO=")), "?")
+    info = next((l.split("BLAS_INFO=", 1)[1].strip() for l in cfg.replace(",", "\n").splitlines()
+                 if "BLAS_INFO=" in l), "?")
     if info == "generic":
         with open("/proc/self/maps") as f:
             for line in f:
