@@ -2,7 +2,7 @@
 // (scaled_dot_product_attention_math), f32 causal, as GPT calls it: q, k, v are (B, T, NH, HS)
 // views. Counters: `own_MiB`, the allocator peak of one forward + backward beyond its inputs,
 // output and gradients (what attention itself needs), and the time per iteration.
-// Run: build/release/bench/bench_attention --benchmark_min_time=0.2s
+// Run: build/release/bench/bench_attention --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
 
 #include "autograd/engine.h"
