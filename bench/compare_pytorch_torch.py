@@ -1,9 +1,9 @@
 # PyTorch's side of bench/compare_pytorch: the same fp32 training step as bench/compare_step.cpp
 # (forward, backward, AdamW lr 3e-4 wd 0.01, dropout 0, random data) of gpt-mini, gpt-small or
-# mobilenetv2-32, written here in plain torch (no torchvision), printing one JSON line: median ms
-# per step and the resident-memory growth over one step after warm-up (run with
-# MALLOC_MMAP_THRESHOLD_=131072 and OMP_NUM_THREADS set by the driver, before torch loads).
-# Usage: /usr/bin/python3 compare_pytorch_torch.py MODEL [--steps N] [--warmup N] [--threads N]
+# mobilenetv2-32, written here in plain torch (no torchvision), printing one JSON line. --mode time:
+# the median ms per step (default allocator); --mode memory: the resident-memory growth over one
+# step after warm-up (the driver sets MALLOC_MMAP_THRESHOLD_=131072 for this pass, before torch loads).
+# Usage: PYTHON compare_pytorch_torch.py MODEL [--mode time|memory] [--steps N] [--warmup N] [--threads N]
 import argparse
 import ctypes
 import json
@@ -14,6 +14,7 @@ import time
 
 ap = argparse.ArgumentParser()
 ap.add_argument("model", choices=["gpt-mini", "gpt-small", "mobilenetv2-32"])
+ap.add_argument("--mode", choices=["time", "memory"], default="time")
 ap.add_argument("--steps", type=int, default=10)
 ap.add_argument("--warmup", type=int, default=3)
 ap.add_argument("--threads", type=int, default=2)
@@ -25,8 +26,7 @@ try:
     import torch.nn as nn
     import torch.nn.functional as F
 except ImportError:
-    sys.exit("compare_pytorch: PyTorch is missing. Install Debian's build: "
-             "apt-get install python3-torch libopenblas0-openmp (run with /usr/bin/python3)")
+    sys.exit(f"compare_pytorch: {sys.executable} cannot import torch (bench/compare_pytorch --setup installs it)")
 
 torch.set_num_threads(args.threads)
 torch.manual_seed(0)
@@ -152,34 +152,44 @@ def status_kib(key):
 for _ in range(args.warmup):
     step()
 
-# Resident-memory growth over one step: freed tensors leave the resident set (mmap threshold
-# set by the driver, malloc_trim here); VmHWM is reset to the current RSS by clear_refs 5.
-libc = ctypes.CDLL("libc.so.6")
-opt.zero_grad(set_to_none=True)
-libc.malloc_trim(0)
-with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-rss_before = status_kib("VmRSS")
-step()
-growth = (status_kib("VmHWM") - rss_before) * 1024
+def blas_info():
+    # PyPI wheels report BLAS_INFO=mkl; Debian's reports generic and calls libblas.so.3, which the
+    # alternatives system points at OpenBLAS only when libopenblas0-openmp is installed.
+    cfg = torch.__config__.show()
+    info = next((l.split("BLAS_INFO=", 1)[1].strip() for l in cfg.replace(",", "\n").splitlines()
+                 if "BLAS_INFO=" in l), "?")
+    if info == "generic":
+        with open("/proc/self/maps") as f:
+            for line in f:
+                if "libblas" in line or "openblas" in line:
+                    info = "generic -> " + line.split()[-1]
+                    break
+    return info + (", oneDNN" if torch.backends.mkldnn.is_available() else "")
 
+
+growth = None
 ms = []
 loss = 0.0
-for _ in range(args.steps):
-    t0 = time.perf_counter()
+if args.mode == "memory":
+    # Resident-memory growth over one step: freed tensors leave the resident set (mmap threshold
+    # set by the driver, malloc_trim here); VmHWM is reset to the current RSS by clear_refs 5.
+    libc = ctypes.CDLL("libc.so.6")
+    opt.zero_grad(set_to_none=True)
+    libc.malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    rss_before = status_kib("VmRSS")
     loss = step()
-    ms.append((time.perf_counter() - t0) * 1e3)
+    growth = (status_kib("VmHWM") - rss_before) * 1024
+    ms = [0.0]
+else:
+    for _ in range(args.steps):
+        t0 = time.perf_counter()
+        loss = step()
+        ms.append((time.perf_counter() - t0) * 1e3)
 s = sorted(ms)
 median = s[len(s) // 2] if len(s) % 2 else 0.5 * (s[len(s) // 2 - 1] + s[len(s) // 2])
-# Debian's torch reports BLAS_INFO=generic: it calls libblas.so.3, which the alternatives
-# system points at OpenBLAS only when libopenblas0-openmp is installed (the driver checks).
-blas = "unknown"
-with open("/proc/self/maps") as f:
-    for line in f:
-        if "libblas" in line or "openblas" in line:
-            blas = line.split()[-1]
-            break
-print(json.dumps({"model": args.model, "impl": "torch", "torch": torch.__version__, "blas": blas,
-                  "threads": torch.get_num_threads(), "steps": args.steps, "ms_median": round(median, 3),
-                  "ms_min": round(s[0], 3), "step_growth_bytes": growth, "rss_before_bytes": rss_before * 1024,
+print(json.dumps({"model": args.model, "impl": "torch", "torch": torch.__version__, "python": sys.executable,
+                  "blas": blas_info(), "threads": torch.get_num_threads(), "mode": args.mode,
+                  "ms_median": round(median, 3), "step_growth_bytes": growth,
                   "loss": loss, "ms": [round(v, 3) for v in ms]}))

@@ -19,6 +19,7 @@
 #include "core/tensor.h"
 #include "models/gpt.h"
 #include "models/mobilenet_v2.h"
+#include "ops/cpu_gemm.h"
 #include "ops/ops.h"
 #include "optim/adam.h"
 
@@ -126,10 +127,10 @@ int main(int argc, char** argv) {
   std::sort(ms.begin(), ms.end());
   const double median = ms.size() % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
   std::printf(
-      "{\"model\": \"%s\", \"impl\": \"memgrad\", \"threads\": %d, \"steps\": %d, \"ms_median\": %.3f, "
+      "{\"model\": \"%s\", \"impl\": \"memgrad\", \"gemm\": \"%s\", \"threads\": %d, \"steps\": %d, \"ms_median\": %.3f, "
       "\"ms_min\": %.3f, \"peak_bytes\": %lld, \"live_before_bytes\": %lld, \"step_growth_bytes\": %lld, "
       "\"loss\": %.5f, \"ms\": [%s]}\n",
-      model.c_str(), threads, steps, median, ms.front(), (long long)peak, (long long)live_before,
+      model.c_str(), cpu_gemm_backend(), threads, steps, median, ms.front(), (long long)peak, (long long)live_before,
       (long long)(peak - live_before), double(last), all.c_str());
   return 0;
 }

@@ -9,6 +9,7 @@
 #include "autograd/checkpoint.h"
 #include "autograd/grad_mode.h"
 #include "models/nn/init.h"
+#include "ops/autocast_policy.h"
 
 namespace mg {
 namespace {
@@ -193,9 +194,14 @@ MLP::MLP(const GPTConfig& cfg, int64_t layer, const InitOptions& init) : UnaryMo
   dropout = register_module("dropout", std::make_shared<Dropout>(cfg.dropout));
 }
 
+// GELU and c_proj run as one op (ops: gelu_linear) that keeps only c_fc's output for backward,
+// not the GELU output too: one (B, T, 4C) tensor per block instead of two. A c_proj that is not a
+// plain Linear (weight-only int8) runs as its own module.
 Tensor MLP::forward(const Tensor& x) {
   auto scope = forward_scope();
-  return dropout->forward(c_proj->forward(gelu_tanh(c_fc->forward(x))));  // (B, T, 4C) inside
+  Tensor hidden = c_fc->forward(x);  // (B, T, 4C)
+  if (c_proj->type_name() == "Linear") return dropout->forward(gelu_linear(hidden, c_proj->weight, c_proj->bias));
+  return dropout->forward(c_proj->forward(gelu_tanh(hidden)));
 }
 
 Block::Block(const GPTConfig& cfg, int64_t layer, const InitOptions& init) : UnaryModule("Block") {
@@ -280,12 +286,20 @@ Tensor GPT::logits(const Tensor& hidden) {
 
 Tensor GPT::forward(const Tensor& idx) { return logits(forward_hidden(idx)); }
 
+// The loss of the LM head: fused with it (ops: linear_cross_entropy, the (B, T, V) logits never
+// whole) where that op runs, i.e. f32 / f64 off CUDA and not under autocast; else the plain
+// head and cross_entropy (autocast's 16-bit logits, CUDA kernels). Both give the same loss.
 Tensor GPT::loss_from_hidden(const Tensor& hidden, const Tensor& targets) {
-  Tensor lg = logits(hidden);  // (B, T, V)
-  const int64_t BT = lg.size(0) * lg.size(1);
+  const int64_t BT = hidden.size(0) * hidden.size(1);
   MG_CHECK(targets.defined() && targets.numel() == BT, "GPT.loss: targets ",
-           targets.defined() ? shape_str(targets.shape()) : std::string("(undefined)"), " do not match the logits ",
-           lg.shape());
+           targets.defined() ? shape_str(targets.shape()) : std::string("(undefined)"), " do not match the hidden states ",
+           hidden.shape());
+  const Tensor w = output_weight(*wte, cfg_.vocab_size);  // (V, C)
+  const Tensor hs = mg::to(hidden, w.device());
+  const bool fused = (hs.dtype() == DType::f32 || hs.dtype() == DType::f64) && hs.dtype() == w.dtype() &&
+                     !hs.device().is_cuda() && !autocast_wants_low({hs, w});
+  if (fused) return linear_cross_entropy(reshape(hs, {BT, hs.size(2)}), w, reshape(targets, {BT}), kIgnoreIndex);
+  Tensor lg = logits(hidden);  // (B, T, V)
   return cross_entropy(reshape(lg, {BT, cfg_.vocab_size}), reshape(targets, {BT}), kIgnoreIndex);
 }
 

@@ -1,4 +1,5 @@
-// Scaled dot-product attention, the "math" path with materialised scores. Per (batch, head)
+// Scaled dot-product attention, the "math" path with materialised scores: the reference the
+// tiled default (ops/flash_attention.cpp) is tested against, and the path on cuda:N. Per (batch, head)
 // slice: S = q k^T / sqrt(HS) (T, T), causal mask (j > i dropped), softmax per row in f32 (f64
 // for f64), optional dropout on the weights, out = P v. Products go through cpu_gemm: slices
 // run in parallel with single-threaded GEMMs when small, else in turn with threaded GEMMs.
@@ -15,6 +16,7 @@
 #include <optional>
 
 #include "core/rng.h"
+#include "ops/attention_common.h"
 #include "ops/autocast_policy.h"
 #include "ops/kernels/elementwise_functors.h"
 #include "ops/cpu_gemm.h"
@@ -138,38 +140,17 @@ void backward_kernel(const AttnDims& d, const C* q, const C* k, const C* v, cons
   });
 }
 
-DType compute_dtype(DType t) { return t == DType::f64 ? DType::f64 : DType::f32; }
-
 // The same dims for the CUDA kernels (ops/cuda/attention.cu).
 cuda::AttentionDims cuda_dims(const AttnDims& d) {
   return {.S = d.S, .T = d.T, .HS = d.HS, .causal = d.causal, .scale = d.scale, .p = d.p, .seed = d.seed,
           .offset = d.offset};
 }
 
-// t as a contiguous tensor of dtype c: t itself when it already is one, else a workspace copy.
-Tensor as_compute(const Tensor& t, DType c) {
-  if (t.dtype() == c && t.is_contiguous()) return t.detach();
-  MemoryCategoryGuard ws(MemoryCategory::workspace);
-  Tensor out = empty(t.shape(), {.dtype = c, .device = t.device()});
-  copy_(out, t);
-  return out;
-}
-
-// Where a kernel writes a result of dtype `dst`: dst itself when it is the compute dtype, else
-// an f32 workspace tensor to be rounded into dst by finish().
-Tensor compute_target(const Tensor& dst, DType c) {
-  if (dst.dtype() == c) return dst;
-  MemoryCategoryGuard ws(MemoryCategory::workspace);
-  return empty(dst.shape(), {.dtype = c, .device = dst.device()});
-}
-void finish(const Tensor& dst, const Tensor& computed) {
-  if (!computed.is_same(dst)) copy_(dst, computed);
-}
-
-template <class C>
-C* ptr_or_null(const Tensor& t) {
-  return t.defined() ? t.data<C>() : nullptr;
-}
+using attention_detail::as_compute;
+using attention_detail::compute_dtype;
+using attention_detail::compute_target;
+using attention_detail::finish;
+using attention_detail::ptr_or_null;
 
 class AttentionBackward : public Node {
  public:
@@ -218,11 +199,9 @@ class AttentionBackward : public Node {
 
 }  // namespace
 
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
-                                    Generator* gen) {
-  if (autocast_wants_low({q, k, v}))
-    return scaled_dot_product_attention(autocast_low(q), autocast_low(k), autocast_low(v), causal, dropout_p, gen);
-  const char* op = "scaled_dot_product_attention";
+namespace attention_detail {
+
+void check_inputs(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, double dropout_p) {
   check_defined(op, q, "q");
   check_defined(op, k, "k");
   check_defined(op, v, "v");
@@ -235,15 +214,56 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   MG_CHECK(k.shape() == q.shape() && v.shape() == q.shape(), op, ": q, k and v must have one shape (B, NH, T, HS), got ",
            shape_str(q.shape()), ", ", shape_str(k.shape()), " and ", shape_str(v.shape()));
   MG_CHECK(dropout_p >= 0.0 && dropout_p < 1.0, op, ": dropout_p must be in [0, 1), got ", dropout_p);
+}
+
+Tensor as_compute(const Tensor& t, DType c, bool contiguous_only) {
+  const bool ok = contiguous_only ? t.is_contiguous() : (t.dim() == 0 || t.stride(t.dim() - 1) == 1);
+  if (t.dtype() == c && ok) return t.detach();
+  MemoryCategoryGuard ws(MemoryCategory::workspace);
+  Tensor out = empty(t.shape(), {.dtype = c, .device = t.device()});
+  copy_(out, t);
+  return out;
+}
+
+Tensor compute_target(const Tensor& dst, DType c) {
+  if (dst.dtype() == c) return dst;
+  MemoryCategoryGuard ws(MemoryCategory::workspace);
+  return empty(dst.shape(), {.dtype = c, .device = dst.device()});
+}
+
+void finish(const Tensor& dst, const Tensor& computed) {
+  if (!computed.is_same(dst)) copy_(dst, computed);
+}
+
+DropoutDraw reserve_dropout(double p, Generator* gen, int64_t S, int64_t T) {
+  if (p <= 0) return {};
+  Generator& g = gen ? *gen : default_generator();
+  const uint64_t seed = g.seed();
+  return {.p = p, .seed = seed, .offset = g.advance(uint64_t(S * T * T))};  // reserved on meta too
+}
+
+}  // namespace attention_detail
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
+                                    Generator* gen) {
+  if (autocast_wants_low({q, k, v}))
+    return scaled_dot_product_attention(autocast_low(q), autocast_low(k), autocast_low(v), causal, dropout_p, gen);
+  attention_detail::check_inputs("scaled_dot_product_attention", q, k, v, dropout_p);
+  if (q.device().is_cuda()) return scaled_dot_product_attention_math(q, k, v, causal, dropout_p, gen);
+  return flash_attention(q, k, v, causal, dropout_p, gen);
+}
+
+Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
+                                         double dropout_p, Generator* gen) {
+  if (autocast_wants_low({q, k, v}))
+    return scaled_dot_product_attention_math(autocast_low(q), autocast_low(k), autocast_low(v), causal, dropout_p, gen);
+  const char* op = "scaled_dot_product_attention";
+  attention_detail::check_inputs(op, q, k, v, dropout_p);
   OpNameGuard name(op);
   const int64_t B = q.size(0), NH = q.size(1), T = q.size(2), HS = q.size(3);
   AttnDims d{.S = B * NH, .T = T, .HS = HS, .causal = causal, .scale = HS > 0 ? 1.0 / std::sqrt(double(HS)) : 1.0};
-  if (dropout_p > 0) {
-    Generator& g = gen ? *gen : default_generator();
-    d.p = dropout_p;
-    d.seed = g.seed();
-    d.offset = g.advance(uint64_t(d.S * T * T));  // reserved on meta too
-  }
+  const attention_detail::DropoutDraw draw = attention_detail::reserve_dropout(dropout_p, gen, d.S, T);
+  d.p = draw.p, d.seed = draw.seed, d.offset = draw.offset;
   const bool record = any_requires_grad({q, k, v});
   const TensorOptions opt{.dtype = q.dtype(), .device = q.device()};
   Tensor out = empty(q.shape(), opt);  // (B, NH, T, HS)

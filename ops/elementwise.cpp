@@ -304,6 +304,9 @@ Tensor relu6(const Tensor& x) {
 Tensor gelu_tanh(const Tensor& x) {
   return unary_op<fn::GeluTanh, fn::GeluTanhBackward>("gelu_tanh", "GeluTanhBackward", x, SavedInput::input);
 }
+Tensor gelu_tanh_backward(const Tensor& dout, const Tensor& x) {
+  return map_binary("gelu_tanh_backward", dout, x, fn::GeluTanhBackward{}, DTypeSet::floating);
+}
 Tensor silu(const Tensor& x) { return unary_op<fn::Silu, fn::SiluBackward>("silu", "SiluBackward", x, SavedInput::input); }
 
 // ---- binary ----------------------------------------------------------------------------------

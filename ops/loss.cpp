@@ -5,6 +5,9 @@
 // softmax = exp(x - lse) from the logits. What CrossEntropyBackward saves: the logits (the
 // caller's own tensor, no copy), the targets (N) and lse (N, f32; f64 for f64 logits): the only
 // new memory is N floats, against N * C for a log_softmax + nll composition.
+// linear_cross_entropy fuses the LM head into it: the (N, V) logits exist only as (R, V) chunks
+// of workspace, R rows at a time (forward and backward each recompute them); it saves hidden,
+// weight (the caller's), the targets and lse (N).
 // What MseLossBackward saves: input and target (the caller's tensors, nothing new).
 // On cuda:N (ops/cuda/loss.cu, reduce.cu) the targets are checked on the device, the loss is
 // written there and the backward reads dloss there: no host round trip besides the count.
@@ -13,6 +16,7 @@
 #include <limits>
 
 #include "core/parallel.h"
+#include "ops/cpu_gemm.h"
 #include "ops/autocast_policy.h"
 #include "ops/kernels/elementwise_functors.h"
 #include "ops/cuda/launchers.h"
@@ -132,6 +136,69 @@ class CrossEntropyBackward : public Node {
  private:
   int64_t ignore_index_;
   int64_t count_;  // rows whose target is not ignore_index
+};
+
+// ---- linear_cross_entropy --------------------------------------------------------------------
+
+constexpr int64_t kChunkElems = int64_t(1) << 20;  // logits per chunk: 4 MiB of f32
+
+// Rows per chunk: shapes alone decide it (never the thread count), at least one row.
+int64_t chunk_rows(int64_t N, int64_t V) { return std::clamp<int64_t>(kChunkElems / std::max<int64_t>(V, 1), 1, std::max<int64_t>(N, 1)); }
+
+// logits (r, V) = hidden[i0 : i0 + r] weight^T, into the first r rows of chunk.
+template <class T>
+Tensor chunk_logits(const Tensor& chunk, const Tensor& h, const Tensor& w, int64_t i0, int64_t r) {
+  const int64_t V = w.size(0), C = w.size(1);
+  Tensor out = narrow(chunk, 0, 0, r);
+  cpu_gemm(Transpose::no, Transpose::yes, r, V, C, T(1), h.data<T>() + i0 * h.stride(0), h.stride(0), w.data<T>(),
+           w.stride(0), T(0), out.data<T>(), V);
+  return out;
+}
+
+class LinearCrossEntropyBackward : public Node {
+ public:
+  LinearCrossEntropyBackward(int64_t ignore_index, int64_t count) : ignore_index_(ignore_index), count_(count) {}
+  std::string_view name() const override { return "LinearCrossEntropyBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    Tensor h = hidden.unpack(), w = weight.unpack(), tv = target.unpack(), lv = lse.unpack();
+    const int64_t N = h.size(0), V = w.size(0), C = w.size(1), R = chunk_rows(N, V);
+    const TensorOptions opt{.dtype = h.dtype(), .device = h.device()};
+    Tensor dh = needs_input_grad(0) ? empty(h.shape(), opt) : Tensor();  // (N, C)
+    Tensor dw = needs_input_grad(1) ? empty(w.shape(), opt) : Tensor();  // (V, C)
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    Tensor chunk = empty({R, V}, opt), dchunk = empty({R, V}, opt);  // (R, V) logits and their gradient
+    if (h.is_meta()) return {dh, dw};
+    if (dw.defined()) fill_(dw, 0.0);
+    if (N == 0) return {dh, dw};
+    const double scale = count_ == 0 ? 0.0 : g[0].item_double() / double(count_);
+    auto run = [&](auto zero) {
+      using T = decltype(zero);
+      for (int64_t i0 = 0; i0 < N; i0 += R) {
+        const int64_t r = std::min(R, N - i0);
+        Tensor x = chunk_logits<T>(chunk, h, w, i0, r), dx = narrow(dchunk, 0, 0, r);
+        MG_DISPATCH_INDEX(tv.dtype(), "linear_cross_entropy backward", [&] {
+          cross_entropy_backward_kernel<T, scalar_t>(dx, x, narrow(tv, 0, i0, r), narrow(lv, 0, i0, r), ignore_index_,
+                                                     scale);
+        });
+        if (dh.defined())  // dh rows = dx weight
+          cpu_gemm(Transpose::no, Transpose::no, r, C, V, T(1), dx.data<T>(), V, w.data<T>(), w.stride(0), T(0),
+                   dh.data<T>() + i0 * C, C);
+        if (dw.defined())  // dw += dx^T hidden rows
+          cpu_gemm(Transpose::yes, Transpose::no, V, C, r, T(1), dx.data<T>(), V, h.data<T>() + i0 * h.stride(0),
+                   h.stride(0), T(1), dw.data<T>(), C);
+      }
+    };
+    if (h.dtype() == DType::f64) run(0.0);
+    else run(0.0f);  // forward admits f32 and f64 only
+    return {dh, dw};
+  }
+  SavedTensor hidden{this}, weight{this};  // (N, C), (V, C): the caller's tensors
+  SavedTensor target{this};                // (N) class indices
+  SavedTensor lse{this};                   // (N) per-row log-sum-exp
+
+ private:
+  int64_t ignore_index_;
+  int64_t count_;
 };
 
 // ---- mse_loss --------------------------------------------------------------------------------
@@ -258,6 +325,65 @@ Tensor mse_loss(const Tensor& input, const Tensor& target) {
     node->input.save(input);
     node->target.save(target);
     set_history(node, {input, target}, {loss});
+  }
+  return loss;
+}
+
+// hidden: (N, C), weight: (V, C), target: (N) -> () = cross_entropy(linear(hidden, weight), target)
+// with the logits made and dropped chunk by chunk (f32 / f64 on cpu:N and meta).
+Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& target, int64_t ignore_index) {
+  const char* op = "linear_cross_entropy";
+  check_defined(op, hidden, "hidden");
+  check_defined(op, weight, "weight");
+  check_defined(op, target, "target");
+  check_same_device(op, hidden, weight);
+  check_same_device(op, hidden, target);
+  check_same_dtype(op, hidden, weight);
+  MG_CHECK(hidden.dtype() == DType::f32 || hidden.dtype() == DType::f64, op, ": expected f32 or f64, got ",
+           hidden.dtype(), "\n  hint: under autocast or for 16-bit models use cross_entropy(linear(...))");
+  MG_CHECK(!hidden.device().is_cuda(), op, ": no CUDA kernel; use cross_entropy(linear(hidden, weight), target)");
+  MG_CHECK(target.dtype() == DType::i64 || target.dtype() == DType::i32, op,
+           ": target must hold class indices (i64 or i32), got ", target.dtype());
+  MG_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1), op,
+           ": expected hidden (N, C) and weight (V, C), got ", hidden.shape(), " and ", weight.shape());
+  MG_CHECK(target.dim() == 1 && target.size(0) == hidden.size(0), op, ": target must have shape (N) = ",
+           Shape{hidden.size(0)}, ", got ", target.shape());
+  MG_CHECK(weight.size(0) > 0, op, ": weight has no classes, shape ", weight.shape());
+  OpNameGuard name(op);
+  const Tensor h = contiguous_scratch(hidden), w = contiguous_scratch(weight);  // row-major operands
+  const int64_t N = h.size(0), V = w.size(0), R = chunk_rows(N, V);
+  int64_t count = 0;
+  if (!h.is_meta())
+    count = MG_DISPATCH_INDEX(target.dtype(), op, [&] { return count_targets<scalar_t>(target, V, ignore_index); });
+  Tensor loss = empty({}, {.dtype = h.dtype(), .device = h.device()});  // ()
+  Tensor lse = empty({N}, {.dtype = h.dtype(), .device = h.device()});   // (N)
+  {
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    Tensor chunk = empty({R, V}, {.dtype = h.dtype(), .device = h.device()});  // (R, V) logits
+    if (!loss.is_meta()) {
+      double total = 0;
+      auto run = [&](auto zero) {
+        using T = decltype(zero);
+        for (int64_t i0 = 0; i0 < N; i0 += R) {
+          const int64_t r = std::min(R, N - i0);
+          Tensor x = chunk_logits<T>(chunk, h, w, i0, r);
+          MG_DISPATCH_INDEX(target.dtype(), op, [&] {
+            total += cross_entropy_forward_kernel<T, scalar_t>(narrow(lse, 0, i0, r), x, narrow(target, 0, i0, r),
+                                                               ignore_index);
+          });
+        }
+      };
+      if (h.dtype() == DType::f64) run(0.0);
+      else run(0.0f);
+      fill_(loss, count == 0 ? 0.0 : total / double(count));
+    }
+  }
+  if (auto node = make_node_if_needed<LinearCrossEntropyBackward>({hidden, weight}, ignore_index, count)) {
+    node->hidden.save(h);
+    node->weight.save(w);
+    node->target.save(target);
+    node->lse.save(lse);
+    set_history(node, {hidden, weight}, {loss});
   }
   return loss;
 }

@@ -56,6 +56,7 @@ Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor relu6(const Tensor& x);
 Tensor gelu_tanh(const Tensor& x);  // GPT-2's GELU: 0.5x(1 + tanh(sqrt(2/pi)(x + 0.044715x^3)))
+Tensor gelu_tanh_backward(const Tensor& dout, const Tensor& x);  // dout * gelu_tanh'(x), no graph
 Tensor silu(const Tensor& x);
 
 // Comparisons give bool tensors and no gradient.
@@ -103,6 +104,9 @@ Tensor sum_to(const Tensor& x, const Shape& shape);
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x: (..., in), weight: (out, in), bias: (out) or undefined -> (..., out)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// x: (..., H), weight: (out, H), bias: (out) -> (..., out) = linear(gelu_tanh(x), weight, bias),
+// saving x (and weight) but not gelu_tanh(x): backward recomputes it (gelu_linear.cpp).
+Tensor gelu_linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- softmax and losses (softmax.cpp, loss.cpp) ----------------------------------------------
 Tensor softmax(const Tensor& x, int64_t dim);
@@ -110,6 +114,10 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 // logits: (N, C), target: (N) i64/i32 class indices -> scalar mean over targets != ignore_index.
 // Fused with log-softmax: saves only the logits' softmax statistics, never a (N, C) log-prob copy.
 Tensor cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100);
+// hidden: (N, C), weight: (V, C), target: (N) -> (); equals cross_entropy(linear(hidden, weight),
+// target, ignore_index) without the (N, V) logits or their gradient ever whole (chunks of rows).
+Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Tensor& target,
+                            int64_t ignore_index = -100);
 Tensor mse_loss(const Tensor& input, const Tensor& target);  // mean of squared differences
 
 // ---- normalisation (layer_norm.cpp, batch_norm.cpp) ------------------------------------------
@@ -149,10 +157,16 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t dim);
 Tensor stack(const std::vector<Tensor>& xs, int64_t dim);
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);  // views
 
-// ---- attention (attention.cpp) ---------------------------------------------------------------
-// q, k, v: (B, NH, T, HS) -> (B, NH, T, HS); softmax(q k^T / sqrt(HS) + causal mask) v, with the
-// (B, NH, T, T) scores materialised; dropout on the attention weights when dropout_p > 0.
+// ---- attention (attention.cpp, flash_attention.cpp) -------------------------------------------
+// q, k, v: (B, NH, T, HS) -> (B, NH, T, HS); softmax(q k^T / sqrt(HS) + causal mask) v; dropout
+// on the attention weights when dropout_p > 0. On cpu:N and meta the tiled (flash) path: no
+// (B, NH, T, T) tensor, saves the output and the row log-sum-exp; its output (and q, k, v's
+// gradients) are (B, T, NH, HS)-laid-out views, so merging heads is free. On cuda:N the math path.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                                     double dropout_p = 0.0, Generator* gen = nullptr);
+// The materialised reference: (B, NH, T, T) weights computed whole and saved. Same values within
+// float rounding and the same dropout draws as the default path.
+Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
+                                         double dropout_p = 0.0, Generator* gen = nullptr);
 
 }  // namespace mg

@@ -136,16 +136,22 @@ TEST_CASE("attention dropout is reproducible and equals a mask on the weights", 
 TEST_CASE("attention in f16 and bf16 tracks f32", "[attention]") {
   const Shape s{2, 2, 8, 8};
   Tensor q = rand_tensor(s, 1, DType::f32), k = rand_tensor(s, 2, DType::f32), v = rand_tensor(s, 3, DType::f32);
-  Tensor ref = scaled_dot_product_attention(q, k, v, true);
+  Tensor dout = rand_tensor(s, 4, DType::f32);
+  Tensor qf = leaf(clone(q)), kf = leaf(clone(k)), vf = leaf(clone(v));
+  Tensor ref = scaled_dot_product_attention(qf, kf, vf, true);
+  backward(ref, dout);
   for (DType dt : {DType::f16, DType::bf16}) {
     double tol = dt == DType::f16 ? 5e-3 : 3e-2;
     Tensor qd = leaf(cast(q, dt)), kd = leaf(cast(k, dt)), vd = leaf(cast(v, dt));
     Tensor out = scaled_dot_product_attention(qd, kd, vd, true);
     CHECK(out.dtype() == dt);
     check_close(out, ref, tol, tol);
-    backward(sum(out));
+    backward(out, cast(dout, dt));
     CHECK(qd.grad().dtype() == dt);
     CHECK(vd.grad().shape() == s);
+    check_close(qd.grad(), qf.grad(), 2 * tol, 2 * tol);
+    check_close(kd.grad(), kf.grad(), 2 * tol, 2 * tol);
+    check_close(vd.grad(), vf.grad(), 2 * tol, 2 * tol);
   }
 }
 
@@ -175,15 +181,29 @@ TEST_CASE("attention keeps the weights as an activation only when recording", "[
   auto activation = [] { return memory_stats(kCPU).category(MemoryCategory::activation).current; };
   int64_t before = activation();
   {
-    Tensor out = scaled_dot_product_attention(q, k, v, true);  // no graph: weights are scratch
+    Tensor out = scaled_dot_product_attention_math(q, k, v, true);  // no graph: weights are scratch
     CHECK(activation() - before == 2048);
   }
   q.set_requires_grad(true);
   {
-    Tensor out = scaled_dot_product_attention(q, k, v, true);  // out + saved weights
+    Tensor out = scaled_dot_product_attention_math(q, k, v, true);  // out + saved weights
     CHECK(activation() - before == 4096);
     backward(out, dout);
     CHECK(activation() - before == 2048);  // the weights were released right after backward
+  }
+  q.set_requires_grad(false);
+  // The default (flash) path keeps the row log-sum-exp (1, 2, 16) f32 = 128 B (one 512 B block)
+  // instead of the weights.
+  {
+    Tensor out = scaled_dot_product_attention(q, k, v, true);
+    CHECK(activation() - before == 2048);
+  }
+  q.set_requires_grad(true);
+  {
+    Tensor out = scaled_dot_product_attention(q, k, v, true);
+    CHECK(activation() - before == 2048 + 512);
+    backward(out, dout);
+    CHECK(activation() - before == 2048);
   }
 }
 

@@ -213,9 +213,9 @@ TEST_CASE("auto-fit halves the micro-batch after an OutOfMemoryError and retries
 
 TEST_CASE("out of memory: without auto-fit the error propagates and nothing changes; micro-batch 1 too big stops") {
   const Device dev{DeviceType::cpu, 8};
-  // One example's attention weights (1, 4, 256, 256) f32 are 1 MiB: a large-pool block that needs
-  // a segment of its own, so even micro-batch 1 cannot fit under a budget that allows no new one.
-  const GPTConfig long_context{.vocab_size = 32, .context = 256, .n_layer = 1, .n_head = 4, .d_model = 32};
+  // One example's MLP hidden activation (1, 256, 4 x 256) f32 is 1 MiB: a large-pool block that
+  // needs a segment of its own, so even micro-batch 1 cannot fit under a budget that allows no new one.
+  const GPTConfig long_context{.vocab_size = 32, .context = 256, .n_layer = 1, .n_head = 4, .d_model = 256};
   Setup s(dev, 0.0, 2, long_context);
   Trainer warm(s.model, s.opt, {});
   warm.step(2, s.loss_fn());
