@@ -134,7 +134,9 @@ double validation_loss(GPT& model, const std::shared_ptr<const Dataset>& val, in
 // How many next-token targets of batch rows [begin, begin + count) the loss counts (GPT::loss
 // ignores GPT::kIgnoreIndex targets): the micro-batch's weight in gradient accumulation.
 double counted_targets(const Tensor& target, int64_t begin, int64_t count) {
-  Tensor t = contiguous(narrow(target, 0, begin, count));
+  if (target.is_meta()) return double(count * target.size(1));  // no values: every target counts
+  // Read on the host (a GPU batch's targets come back: count x T integers per micro-batch).
+  Tensor t = to(contiguous(narrow(target, 0, begin, count)), kCPU);
   const int64_t* p = t.data<int64_t>();
   int64_t n = 0;
   for (int64_t i = 0; i < t.numel(); ++i) n += p[i] != GPT::kIgnoreIndex;
@@ -156,14 +158,8 @@ std::shared_ptr<const Dataset> validation_windows(const std::shared_ptr<const To
 // checkpointing and optimizer, one micro-batch's activations.
 StepProbe gpt_probe(const GPTConfig& cfg, const GptTrainOptions& o) {
   const int64_t rows = o.techniques.micro_batch > 0 ? o.techniques.micro_batch : o.batch;
-  StepProbe probe = gpt_step_probe(cfg, rows, cfg.context, [&o](Module& m) { return make_optimizer(o, m); });
-  probe.build = [build = probe.build, &o](Device d) {
-    std::shared_ptr<Module> m = build(d);
-    apply_precision(*m, o.techniques.precision);
-    static_cast<GPT&>(*m).set_checkpoint(o.techniques.checkpoint);
-    return m;
-  };
-  return probe;
+  return with_run_techniques<GPT>(gpt_step_probe(cfg, rows, cfg.context, [&o](Module& m) { return make_optimizer(o, m); }),
+                                 o.techniques);
 }
 
 }  // namespace

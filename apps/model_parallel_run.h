@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "apps/model_parallel_options.h"
+#include "apps/technique_options.h"
 #include "models/nn/module.h"
+#include "optim/precision.h"
 #include "parallel/device_memory.h"
 #include "parallel/placement.h"
 #include "parallel/schedule.h"
@@ -31,10 +33,25 @@ struct ModelParallelRun {
 // Places `model` as `o` says; nothing when the model is not split. Call once the model is built
 // (on the first device, precision and checkpoint policy applied) and before the optimizer exists.
 // `probe` measures a step of the same model on meta (needed by balanced; it should apply the
-// run's precision, checkpointing and optimizer). `memory_limit` is --memory-limit: per device or
-// one value for every device, set after the modules moved. `batch` and `micro_batch` size the
+// run's precision, checkpointing and optimizer: with_run_techniques). `memory_limit` is
+// --memory-limit: per device or one value for every device; a device's budget is set before
+// modules move onto it (the model's own device's once the others' modules left), and a budget the
+// placed modules already exceed is an out-of-memory error. `batch` and `micro_batch` size the
 // pipeline's schedule.
 std::optional<ModelParallelRun> place_model(const ModelParallelOptions& o, Module& model, const StepProbe& probe,
                                             const std::string& memory_limit, int64_t batch, int64_t micro_batch);
+
+// `probe` (gpt_step_probe, mobilenet_step_probe) with the run's precision and checkpoint policy
+// applied to every model it builds. Model: GPT or MobileNetV2 (anything with set_checkpoint).
+template <class Model>
+StepProbe with_run_techniques(StepProbe probe, const TechniqueOptions& t) {
+  probe.build = [build = probe.build, t](Device d) {
+    std::shared_ptr<Module> m = build(d);
+    apply_precision(*m, t.precision);
+    static_cast<Model&>(*m).set_checkpoint(t.checkpoint);
+    return m;
+  };
+  return probe;
+}
 
 }  // namespace mg

@@ -126,14 +126,8 @@ MobileNetV2Config model_config(const VisionTrainOptions& o, int64_t num_classes)
 // checkpointing and optimizer, one micro-batch's activations.
 StepProbe vision_probe(const MobileNetV2Config& cfg, const VisionTrainOptions& o) {
   const int64_t rows = o.techniques.micro_batch > 0 ? o.techniques.micro_batch : o.batch;
-  StepProbe probe = mobilenet_step_probe(cfg, rows, cfg.input_size, [&o](Module& m) { return make_optimizer(o, m); });
-  probe.build = [build = probe.build, &o](Device d) {
-    std::shared_ptr<Module> m = build(d);
-    apply_precision(*m, o.techniques.precision);
-    static_cast<MobileNetV2&>(*m).set_checkpoint(o.techniques.checkpoint);
-    return m;
-  };
-  return probe;
+  return with_run_techniques<MobileNetV2>(mobilenet_step_probe(cfg, rows, cfg.input_size, [&o](Module& m) { return make_optimizer(o, m); }),
+                                 o.techniques);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// Initialisers: values computed in double from the generator's floats, rounded on store.
+// Initialisers: values computed in double from the generator's floats, rounded on store; on the
+// host, then copied to a GPU tensor (the same values on every device).
 #include "models/nn/init.h"
 
 #include <cmath>
@@ -12,10 +13,17 @@ namespace {
 template <typename F>
 void fill_from_stream(const Tensor& t, Generator& gen, const char* op, F f) {
   MG_CHECK(is_floating(t.dtype()), op, ": expected a floating tensor, got ", t.dtype());
+  if (!t.device().is_cpu() && !t.is_meta()) {
+    // A device tensor gets the host's values, drawn from the same stream positions, so a model
+    // initialises bit-identically on every device.
+    Tensor host = empty(t.shape(), {.dtype = t.dtype(), .device = kCPU});
+    fill_from_stream(host, gen, op, f);
+    copy_(t, host);
+    return;
+  }
   uint64_t first = gen.advance(uint64_t(t.numel()));
   t.bump_version();
   if (t.is_meta() || t.numel() == 0) return;
-  MG_CHECK(t.device().is_cpu(), op, ": no kernel for device ", t.device().str());
   MG_DISPATCH_FLOAT(t.dtype(), op, [&] {
     scalar_t* base = static_cast<scalar_t*>(t.storage()->data()) + t.storage_offset();
     const Shape& shape = t.shape();

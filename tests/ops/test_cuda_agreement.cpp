@@ -225,10 +225,13 @@ TEST_CASE("cuda agreement: softmax and log_softmax over any dim, with masked row
       return with_grads(y, {x});
     });
   }
+  // A GPT-2-sized row: the gradient 1 - n·p (n = 50257) cancels, so one ulp of the f32
+  // log-sum-exp (|lse| ~ 17, ulp ~ 2e-6) shows as ~2e-6 absolute on both devices (measured on an
+  // H200: 1.9e-6 at element 50838); the tolerance is scaled for that conditioning.
   agree("long rows", [](Device d) {
     Tensor x = leaf(rnd({3, 50257}, 20, d, DType::f32, -10, 10));
     return with_grads(log_softmax(x, 1), {x});
-  });
+  }, 4.0);
 }
 
 TEST_CASE("cuda agreement: cross_entropy (ignore_index, i32/i64 targets) and mse_loss", "[cuda]") {
@@ -464,7 +467,15 @@ TEST_CASE("cuda agreement: Adam, AdamW and SGD steps (f32, bf16 masters), clip_g
         }
         // 16-bit gradients may differ by a rounding step between devices: judge the f32 state
         // of a bf16 parameter at bf16's precision.
-        for (const auto& [name, t] : opt->state_dict()) r.push_back(dt == DType::f32 ? t : cast(t, dt));
+        // The step counters are host integers on every device (as PyTorch's non-capturable step).
+        for (const auto& [name, t] : opt->state_dict()) {
+          if (name.ends_with(".step")) {
+            CHECK(t.device() == kCPU);
+            r.push_back(to(t, d));
+          } else {
+            r.push_back(dt == DType::f32 ? t : cast(t, dt));
+          }
+        }
         r.push_back(params[0].second.detach());
         r.push_back(params[1].second.detach());
         return r;
