@@ -139,14 +139,14 @@ class LayerNormBackward : public Node {
     Tensor dx = need_dx ? empty(dy.shape(), opt) : Tensor();
     Tensor dw = need_dw ? empty({C}, opt) : Tensor();
     Tensor db = need_db ? empty({C}, opt) : Tensor();
-    if (dy.is_meta()) return {dx, dw, db};
     if (dy.numel() == 0) {  // no rows: zero parameter gradients
-      if (dw.defined()) fill_(dw, 0.0);
-      if (db.defined()) fill_(db, 0.0);
+      if (dw.defined() && !dw.is_meta()) fill_(dw, 0.0);
+      if (db.defined() && !db.is_meta()) fill_(db, 0.0);
       return {dx, dw, db};
     }
-    Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();
+    Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();  // on meta too: exact bytes
     Tensor wv = weight.defined() ? weight.unpack() : Tensor();
+    if (dy.is_meta()) return {dx, dw, db};
     if (dy.device().is_cuda()) {
       cuda::layer_norm_backward(dx, dw, db, dy, xv, mv, rv, wv);
       return {dx, dw, db};
@@ -192,9 +192,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     mean = empty({M}, {.dtype = sd, .device = x.device()});
     rstd = empty({M}, {.dtype = sd, .device = x.device()});
   }
-  if (!skip_kernel(y)) {
-    Tensor xc = contiguous_scratch(x);
-    if (x.device().is_cuda()) cuda::layer_norm_forward(y, mean, rstd, xc, weight, bias, eps);
+  if (y.numel() > 0) {
+    Tensor xc = contiguous_scratch(x);  // on meta too: exact bytes
+    if (y.is_meta()) {
+      // shapes and bytes only
+    } else if (x.device().is_cuda()) cuda::layer_norm_forward(y, mean, rstd, xc, weight, bias, eps);
     else MG_DISPATCH_FLOAT(x.dtype(), op, [&] { layer_norm_kernel<scalar_t>(y, mean, rstd, xc, weight, bias, eps); });
   }
   if (auto node = make_node_if_needed<LayerNormBackward>({x, weight, bias})) {
