@@ -4,6 +4,8 @@
 // one Trainer step per measurement with the commands' micro-batch loss.
 #include "apps/plan_step.h"
 
+#include <atomic>
+
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
 #include "core/error.h"
@@ -39,6 +41,28 @@ Batches make_batches(const PlanWorkload& w, const Device& d) {
   }
   return b;
 }
+
+// Sums the bytes allocated on the step's devices while alive.
+struct AllocatedBytes : AllocatorObserver {
+  AllocatedBytes(Device a, std::optional<Device> b) : a(a), b(b) { add_allocator_observer(this); }
+  ~AllocatedBytes() override { remove_allocator_observer(this); }
+  void on_event(const MemoryEvent& e) override {
+    if (e.kind == MemoryEvent::Kind::alloc && (e.device == a || (b && e.device == *b))) bytes += int64_t(e.requested);
+  }
+  Device a;
+  std::optional<Device> b;
+  std::atomic<int64_t> bytes{0};
+};
+
+// Puts a device's budget back when the measurement ends (normally or by an exception).
+struct LimitGuard {
+  LimitGuard(Device d, int64_t limit) : d(d), saved(memory_limit(d)) {
+    if (limit > 0) set_memory_limit(d, size_t(limit));
+  }
+  ~LimitGuard() { set_memory_limit(d, saved); }
+  Device d;
+  size_t saved;
+};
 
 std::shared_ptr<Module> build(const PlanWorkload& w, const Device& d) {
   Generator gen(0);  // its own stream: measuring never moves the user's
@@ -80,17 +104,21 @@ int64_t PlanWorkload::num_parameters() const {
 
 int64_t PlanWorkload::items_per_step() const { return is_gpt() ? batch * gpt->context : batch; }
 
-StepMemory measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device, int steps) {
+StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device, int steps,
+                             int64_t memory_limit) {
   MG_CHECK(w.gpt.has_value() != w.mobilenet.has_value(), "measure_step: a workload is one GPT or one MobileNetV2");
-  MG_CHECK(w.batch > 0 && steps >= 2, "measure_step: needs a batch (got ", w.batch, ") and 2+ steps (got ", steps, ")");
+  MG_CHECK(w.batch > 0 && (steps >= 2 || steps == kUntilSteady), "measure_step: needs a batch (got ", w.batch,
+           ") and 2+ steps (got ", steps, ")");
   t.validate(w.batch, device);
   TechniqueOptions tech = t;
   if (device.is_meta() && tech.offload_activations) tech.offload_activations = Device(DeviceType::meta, device.index + 1);
   StreamRecorder streams;  // dropout draws: put back at the end
   empty_cache(device);
   if (tech.offload_activations) empty_cache(*tech.offload_activations);
-  StepMemory out;
+  StepMeasurement out;
+  StepTimes times;
   {
+    LimitGuard limit(device, memory_limit);
     std::shared_ptr<Module> model = build(w, device);
     apply_precision(*model, tech.precision);
     if (w.is_gpt()) static_cast<GPT&>(*model).set_checkpoint(tech.checkpoint);
@@ -100,7 +128,15 @@ StepMemory measure_step(const PlanWorkload& w, const TechniqueOptions& t, const 
     std::unique_ptr<Optimizer> opt = make_optimizer(o, *model);
     Trainer trainer(*model, *opt, tech.trainer_options(w.grad_clip));
     PeakMeter meter(device);
-    for (int s = 0; s < steps; ++s) {
+    // Note [Steady state]: a block reused from the cache may be larger than asked, so the first
+    // steps' peaks can differ by a block while the pool settles; kUntilSteady runs until two
+    // steps after the first peak alike (at most kMaxSteadySteps).
+    int64_t previous_peak = -1, previous_reserved = -1;
+    const int max_steps = steps == kUntilSteady ? kMaxSteadySteps : steps;
+    for (int s = 0; s < max_steps; ++s) {
+      FlopCounter flops;
+      AllocatedBytes bytes(device, tech.offload_activations);
+      times.start();
       meter.begin_step();
       Batches b = make_batches(w, device);
       const Tensor& input = b.held.front().first;
@@ -118,9 +154,15 @@ StepMemory measure_step(const PlanWorkload& w, const TechniqueOptions& t, const 
         };
       }
       trainer.step(w.batch, loss);
-      meter.end_step();
+      const int64_t peak = meter.end_step(), reserved = memory_stats(device).reserved.peak;
+      times.stop();
+      out.flops = flops.counts();
+      out.allocated_bytes = bytes.bytes;
+      if (steps == kUntilSteady && s >= 2 && peak == previous_peak && reserved == previous_reserved) break;
+      previous_peak = peak, previous_reserved = reserved;
     }
-    out = StepMemory::of(meter);
+    out.memory = StepMemory::of(meter);
+    out.ms_per_step = 1e3 * times.median();
   }
   streams.rewind();
   return out;

@@ -10,6 +10,7 @@
 
 #include "apps/step_meters.h"
 #include "apps/technique_options.h"
+#include "core/flop_counter.h"
 #include "apps/training_loop.h"
 #include "models/gpt.h"
 #include "models/mobilenet_v2.h"
@@ -37,10 +38,27 @@ struct PlanWorkload {
   int64_t items_per_step() const;                 // tokens or images
 };
 
-// Runs `steps` (>= 2) Trainer steps of `w` under `t` on `device` in a fresh pool (the cache
-// emptied, peaks reset) and returns the steady-state memory of the steps after the first. The
-// offload target of `t` becomes meta:(device.index + 1) when `device` is meta. Leaves the default
-// and dropout generators where they were.
-StepMemory measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device, int steps = 2);
+// What one measured step did: its memory (steady state over the steps after the first), the
+// FLOPs its ops reported and the bytes it allocated (the last step's, on the device and the
+// offload target), and the median wall-clock time of the steps after the first.
+struct StepMeasurement {
+  StepMemory memory{};
+  FlopCounts flops{};
+  int64_t allocated_bytes = 0;
+  double ms_per_step = 0.0;  // meaningless on meta (no arithmetic)
+};
+
+// measure_step's `steps` for "until the peak is steady" (Note [Steady state] in plan_step.cpp).
+inline constexpr int kUntilSteady = 0;
+inline constexpr int kMaxSteadySteps = 8;
+
+// Runs `steps` (>= 2, or kUntilSteady) Trainer steps of `w` under `t` on `device` in a fresh pool (the cache
+// emptied, peaks reset). The offload target of `t` becomes meta:(device.index + 1) when `device`
+// is meta. With `memory_limit` > 0 the device has that budget during the steps (an allocation past
+// it throws OutOfMemoryError, as in a run with --memory-limit); the previous limit is put back.
+// Leaves the default and dropout generators where they were.
+StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device,
+                             int steps = kUntilSteady,
+                             int64_t memory_limit = 0);
 
 }  // namespace mg

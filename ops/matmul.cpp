@@ -17,6 +17,7 @@
 #include "ops/cpu_loops.h"
 #include "ops/cuda/launchers.h"
 #include "ops/gemm_view.h"
+#include "core/flop_counter.h"
 #include "ops/ops.h"
 
 namespace mg {
@@ -80,6 +81,7 @@ void bmm_kernel(const Tensor& out, Tensor a, Tensor b, compute_t<C> beta) {
   const int64_t lanes = path == BmmPath::parallel ? std::min(kBatchLanes, nb) : 1;
   const int64_t per_gemm = !low ? 0 : path == BmmPath::flat ? cpu_gemm_workspace_floats(nb * N, M, K)
                                                             : cpu_gemm_workspace_floats(N, M, K);
+  count_flops(gemm_kind(out.dtype()), 2.0 * double(nb) * double(N) * double(M) * double(K));
   Tensor ws;
   if (per_gemm > 0) {
     MemoryCategoryGuard tag(MemoryCategory::workspace);
