@@ -57,8 +57,8 @@ struct Plan {
 };
 
 // The candidates when --techniques is not given: every checkpoint policy (none, ckpt, ckpt-sqrt,
-// selective) x precision (fp32, bf16, bf16pure) x accumulation (1, 2, 4, ... micro-batches while
-// they divide the batch, at most 8), plus offload on the plain and on the checkpointed fp32 runs.
+// selective) x precision (fp32, bf16, bf16pure) x accumulation (none, and 4 micro-batches, or 2
+// when 4 does not divide the batch), plus offload on the plain and on the checkpointed fp32 runs.
 std::string default_candidates(int64_t batch);
 
 // Throws on a bad model, device, budget or technique; and when the budget is below what the

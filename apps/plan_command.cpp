@@ -22,8 +22,8 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--device", o->device, "the device the run would train on (cpu:N)")->capture_default_str();
   cmd->add_option("--memory-limit", o->memory_limit, "the device's budget, e.g. 512MiB or 24GiB (default: none)");
   cmd->add_option("--techniques", o->techniques,
-                  "the candidates in memgrad bench's syntax, e.g. none,ckpt,bf16+accum4 (default: every checkpoint "
-                  "policy x precision x accumulation, and offload)");
+                  "the candidates in memgrad bench's syntax, e.g. none,ckpt,bf16+accum8 (default: every checkpoint "
+                  "policy x precision x {no accumulation, accum4}, and offload)");
   cmd->add_option("--optimizer", o->optimizer, "adamw, adamw8bit or sgd")->capture_default_str();
   cmd->add_flag("--json", *json, "print the rows as a JSON list instead of the table");
   cmd->add_flag("--verify", o->verify, "also run every candidate for --verify-steps steps: measured vs estimated");
