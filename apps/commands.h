@@ -24,6 +24,8 @@ void add_gpt_command(CLI::App& app);
 void add_vision_command(CLI::App& app);
 // `memgrad bench`: one model under combinations of memory techniques; memory and time per row.
 void add_bench_command(CLI::App& app);
+// `memgrad plan`: the exact memory of every combination of techniques (on meta), what fits a budget, the fastest.
+void add_plan_command(CLI::App& app);
 // `memgrad prune`: structured or magnitude pruning of a trained run into a new run directory.
 void add_prune_command(CLI::App& app);
 // `memgrad report RUN_DIR`: peak memory per device and category, largest tensors at the peak, its phase.

@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
   mg::add_gpt_command(app);
   mg::add_vision_command(app);
   mg::add_bench_command(app);
+  mg::add_plan_command(app);
   mg::add_prune_command(app);
   mg::add_report_command(app);
   mg::add_quantize_command(app);

@@ -41,7 +41,6 @@ struct ActivationOffload::State {
 };
 
 ActivationOffload::ActivationOffload(Device target) : state_(std::make_shared<State>()) {
-  MG_CHECK(!target.is_meta(), "activation offload: the target device cannot be meta");
   state_->target = target;
   std::weak_ptr<State> weak = state_;
   SavedTensorHooks hooks;
@@ -49,10 +48,14 @@ ActivationOffload::ActivationOffload(Device target) : state_(std::make_shared<St
     auto st = weak.lock();
     Packed p;
     p.home = t.device();
-    if (!st || t.device() == st->target || t.is_meta() || t.storage()->category() != MemoryCategory::activation) {
+    if (!st || t.device() == st->target || t.storage()->category() != MemoryCategory::activation) {
       p.kept = t;
       return p;
     }
+    // Meta parks on meta (shapes and bytes: how the planner measures offload); data never moves
+    // to or from meta.
+    MG_CHECK(t.is_meta() == st->target.is_meta(), "activation offload: cannot park a tensor of ", t.device().str(),
+             " on ", st->target.str(), " (meta offloads to another meta device, data to a device with data)");
     const State::Key key{t.storage().get(), t.storage_offset(), t.shape(), t.strides()};
     auto it = st->parked.find(key);
     if (it != st->parked.end() && !it->second.first.expired())

@@ -3,7 +3,8 @@
 // `cpu:0`) and brought back when its node's backward unpacks it, so the training device holds a
 // saved activation only while forward still uses it and while its backward runs. Parameters and
 // anything not tagged `activation` stay where they are; a tensor saved by several nodes (a view
-// of the same storage region) is offloaded once. Built on the saved-tensor hooks.
+// of the same storage region) is offloaded once. Built on the saved-tensor hooks. A meta step
+// offloads to another meta device (meta:1), which is how the planner measures offload.
 #pragma once
 #include <memory>
 

@@ -34,6 +34,7 @@ struct Segment {
   size_t size;
   bool small_pool;
   MemoryBlock* first;  // blocks in address order via next
+  uint64_t seq = 0;    // creation order in its allocator (Note [Backend-independent best fit])
 };
 
 namespace {
@@ -48,9 +49,15 @@ constexpr size_t kLargeRound = 2 << 20;        // 2 MiB
 
 size_t round_size(size_t n) { return n < kRound ? kRound : (n + kRound - 1) / kRound * kRound; }
 
+// Note [Backend-independent best fit]: among free blocks of one size the choice must not depend
+// on the addresses a backend hands out (mmap's go down, meta's counter goes up), or meta would
+// pick other blocks than cpu:N and their peaks would part. Ties go to the oldest segment, then to
+// the lower offset inside it.
 struct BlockLess {
   bool operator()(const MemoryBlock* a, const MemoryBlock* b) const {
-    return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    if (a->size != b->size) return a->size < b->size;
+    if (a->segment->seq != b->segment->seq) return a->segment->seq < b->segment->seq;
+    return a->ptr < b->ptr;
   }
 };
 
@@ -124,6 +131,7 @@ struct CachingAllocator::Impl {
   mutable std::mutex mu;
   std::set<MemoryBlock*, BlockLess> small_free, large_free;
   std::vector<Segment*> segments;
+  uint64_t segment_seq = 0;  // segments made so far (Note [Backend-independent best fit])
   MemoryStats stats;
   uint64_t next_id = 1;
 
@@ -143,9 +151,11 @@ struct CachingAllocator::Impl {
 
   MemoryBlock* find_free(size_t size, bool small) {
     auto& p = pool(small);
+    Segment before_all{};  // seq 0: sorts ahead of every real segment of this size
     MemoryBlock key;
     key.size = size;
     key.ptr = nullptr;
+    key.segment = &before_all;
     auto it = p.lower_bound(&key);
     if (it == p.end()) return nullptr;
     MemoryBlock* b = *it;
@@ -156,7 +166,7 @@ struct CachingAllocator::Impl {
   Segment* new_segment(size_t size, bool small) {
     void* p = backend->allocate_segment(size);
     if (!p) return nullptr;
-    auto* seg = new Segment{static_cast<char*>(p), size, small, nullptr};
+    auto* seg = new Segment{static_cast<char*>(p), size, small, nullptr, ++segment_seq};
     auto* b = new MemoryBlock;
     b->ptr = seg->ptr;
     b->size = size;

@@ -226,14 +226,15 @@ class BatchNormBackward : public Node {
     Tensor dx = need_dx ? empty(dy.shape(), opt) : Tensor();
     Tensor dw = need_dw ? empty({C}, popt) : Tensor();
     Tensor db = need_db ? empty({C}, popt) : Tensor();
-    if (dy.is_meta() || C == 0) return {dx, dw, db};
+    if (C == 0) return {dx, dw, db};
     if (dy.numel() == 0) {  // eval on an empty batch: no contributions
-      if (dw.defined()) fill_(dw, 0.0);
-      if (db.defined()) fill_(db, 0.0);
+      if (dw.defined() && !dw.is_meta()) fill_(dw, 0.0);
+      if (db.defined() && !db.is_meta()) fill_(db, 0.0);
       return {dx, dw, db};
     }
-    Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();
+    Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();  // on meta too: exact bytes
     Tensor wv = weight.defined() ? weight.unpack() : Tensor();
+    if (dy.is_meta()) return {dx, dw, db};
     ChannelLayout l = channel_layout(xv);
     if (dy.device().is_cuda()) {
       cuda::batch_norm_backward(dx, dw, db, dy, xv, mv, rv, wv, l.N, l.C, l.S, training_);
@@ -330,14 +331,17 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     rstd = empty({l.C}, {.dtype = sd, .device = x.device()});
   }
   bool update = training && running_mean.defined();
-  if (!x.is_meta() && l.C > 0) {
+  if (l.C > 0) {
+    // The scratch is allocated on meta too, so meta sees the kernel's workspace.
     Tensor xc = contiguous_scratch(x);
     Tensor stats;  // (2, C) f64: the mean and the (biased, or running) variance
     {
       MemoryCategoryGuard ws(MemoryCategory::workspace);
       stats = empty({2, l.C}, {.dtype = DType::f64, .device = x.device()});
     }
-    if (x.device().is_cuda()) {
+    if (x.is_meta()) {
+      // shapes and bytes only
+    } else if (x.device().is_cuda()) {
       if (training) {
         cuda::batch_norm_stats(stats, xc, l.N, l.C, l.S);
       } else {

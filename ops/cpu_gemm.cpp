@@ -33,6 +33,9 @@ constexpr int64_t kMaxTiles = 16;      // a power of two: tiles divide evenly ov
 constexpr int64_t kTileAlign = 16;     // tile sides are multiples of the kernels' unroll
 constexpr int64_t kMinTileSide = 64;   // no tile thinner than this after the first split
 constexpr int64_t kMinTileMacs = int64_t(1) << 25;  // ~3% overhead per tile below this (measured)
+// 16-bit products: tiles run on at most this many lanes of f32 panels (Note [GEMM lanes]), so
+// their workspace is at most 8 tiles' panels whatever the thread count.
+constexpr int64_t kGemmLanes = 8;
 
 // A grid of tm x tn tiles of (rows, cols) each (the last row / column of tiles may be smaller).
 struct TileGrid {
@@ -143,10 +146,18 @@ void gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, 
 // The 16-bit product: the f32 tile grid of gemm() with each tile's operands converted to f32
 // panels first (Note: the panels are what Eigen would pack anyway; converting them costs
 // O(rows K + K cols) next to the tile's O(rows cols K) multiply-adds). Same tiles as f32, so the
-// result does not depend on the thread count either.
+// result does not depend on the thread count either. Note [GEMM lanes]: the panels live in the
+// caller's workspace, one tile's worth per lane; tiles are dealt to lanes by index (lane l runs
+// tiles l, l + lanes, ...), so the memory depends on the shapes only, never on the threads.
+TileGrid low_grid(int64_t M, int64_t N, int64_t K) {
+  return M * N * K <= kSerialMacs ? TileGrid{1, 1, M, N} : plan_tiles(M, N, K);
+}
+int64_t low_lanes(const TileGrid& g) { return std::min(kGemmLanes, g.tm * g.tn); }
+int64_t low_lane_floats(const TileGrid& g, int64_t K) { return g.rows * K + K * g.cols + g.rows * g.cols; }
+
 template <class H>
 void gemm_low(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const H* A, int64_t lda,
-              const H* B, int64_t ldb, float beta, H* C, int64_t ldc, Device device) {
+              const H* B, int64_t ldb, float beta, H* C, int64_t ldc, float* workspace) {
   if (M == 0 || N == 0) return;
   check_sizes(M, N, K);
   check_ld(ldc, N, "ldc");
@@ -157,15 +168,12 @@ void gemm_low(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float
   }
   check_ld(lda, ta == Transpose::yes ? M : K, "lda");
   check_ld(ldb, tb == Transpose::yes ? K : N, "ldb");
-  const TileGrid g = M * N * K <= kSerialMacs ? TileGrid{1, 1, M, N} : plan_tiles(M, N, K);
-  const char* op = current_op_name();
-  auto tile = [&](int64_t t) {
+  MG_INTERNAL_ASSERT(workspace != nullptr, "cpu_gemm: the 16-bit product needs its workspace");
+  const TileGrid g = low_grid(M, N, K);
+  const int64_t lanes = low_lanes(g), per_lane = low_lane_floats(g, K);
+  auto tile = [&](int64_t t, float* pa) {
     const int64_t r0 = (t / g.tn) * g.rows, c0 = (t % g.tn) * g.cols;
     const int64_t rows = std::min(g.rows, M - r0), cols = std::min(g.cols, N - c0);
-    MemoryCategoryGuard ws(MemoryCategory::workspace);  // thread-local: set on the worker too
-    OpNameGuard name(op);
-    Tensor buf = empty({rows * K + K * cols + rows * cols}, {.dtype = DType::f32, .device = device});
-    float* pa = buf.data<float>();
     float* pb = pa + rows * K;
     float* pc = pb + K * cols;
     // op(A)'s rows r0..: stored rows (rows, K) of A, or stored columns (K, rows) of A^T.
@@ -179,22 +187,33 @@ void gemm_low(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float
     eigen_gemm<float>(ta, tb, rows, cols, K, alpha, pa, lda32, pb, ldb32, beta, pc, cols);
     convert_block(static_cast<const float*>(pc), cols, C + r0 * ldc + c0, ldc, rows, cols);  // round on store
   };
-  if (g.tm * g.tn == 1) return tile(0);
-  parallel_for(0, g.tm * g.tn, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) tile(t);
+  if (lanes == 1) {
+    for (int64_t t = 0; t < g.tm * g.tn; ++t) tile(t, workspace);
+    return;
+  }
+  parallel_for(0, lanes, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t lane = begin; lane < end; ++lane)
+      for (int64_t t = lane; t < g.tm * g.tn; t += lanes) tile(t, workspace + lane * per_lane);
   });
 }
 
 }  // namespace
 
+int64_t cpu_gemm_workspace_floats(int64_t M, int64_t N, int64_t K) {
+  check_sizes(M, N, K);
+  if (M == 0 || N == 0 || K == 0) return 0;
+  const TileGrid g = low_grid(M, N, K);
+  return low_lanes(g) * low_lane_floats(g, K);
+}
+
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const BFloat16* A,
-              int64_t lda, const BFloat16* B, int64_t ldb, float beta, BFloat16* C, int64_t ldc, Device device) {
-  gemm_low<BFloat16>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, device);
+              int64_t lda, const BFloat16* B, int64_t ldb, float beta, BFloat16* C, int64_t ldc, float* workspace) {
+  gemm_low<BFloat16>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, workspace);
 }
 
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const Half* A, int64_t lda,
-              const Half* B, int64_t ldb, float beta, Half* C, int64_t ldc, Device device) {
-  gemm_low<Half>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, device);
+              const Half* B, int64_t ldb, float beta, Half* C, int64_t ldc, float* workspace) {
+  gemm_low<Half>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, workspace);
 }
 
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

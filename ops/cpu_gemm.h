@@ -19,14 +19,15 @@ void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, doubl
               int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 
 // 16-bit operands and result (Half or BFloat16) with f32 accumulation: each tile of C converts
-// its panel of op(A) (rows x K), of op(B) (K x cols) and, when beta != 0, its block of C into f32
-// workspace (allocated on `workspace_device` under MemoryCategory::workspace, one tile's worth
-// per running thread), multiplies in f32 and rounds its C block on store.
+// its panel of op(A) (rows x K), of op(B) (K x cols) and its block of C into f32, multiplies in
+// f32 and rounds its C block on store. The panels live in `workspace`, the caller's
+// cpu_gemm_workspace_floats(M, N, K) floats: a fixed number of lanes of one tile each, decided by
+// the shapes alone, so an op allocates it from the allocator (on meta too) before its kernel.
+int64_t cpu_gemm_workspace_floats(int64_t M, int64_t N, int64_t K);
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const BFloat16* A,
-              int64_t lda, const BFloat16* B, int64_t ldb, float beta, BFloat16* C, int64_t ldc,
-              Device workspace_device);
+              int64_t lda, const BFloat16* B, int64_t ldb, float beta, BFloat16* C, int64_t ldc, float* workspace);
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const Half* A, int64_t lda,
-              const Half* B, int64_t ldb, float beta, Half* C, int64_t ldc, Device workspace_device);
+              const Half* B, int64_t ldb, float beta, Half* C, int64_t ldc, float* workspace);
 
 // Which library serves cpu_gemm ("OpenBLAS 0.3.21 (openmp)" or "Eigen 3.4"), for `memgrad info`.
 const char* cpu_gemm_backend();

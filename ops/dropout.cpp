@@ -49,12 +49,13 @@ void dropout_kernel(const Tensor& out, const Tensor& x, uint64_t seed, uint64_t 
 // out = mask(seed, offset) * x / (1 - p): the forward, and (with x = dout) the backward.
 Tensor apply_mask(const Tensor& x, uint64_t seed, uint64_t offset, double p) {
   Tensor out = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});
-  if (skip_kernel(out)) return out;
+  if (out.numel() == 0) return out;
   Tensor xc;
   {
-    MemoryCategoryGuard ws(MemoryCategory::workspace);  // a copy only for a strided x
+    MemoryCategoryGuard ws(MemoryCategory::workspace);  // a copy only for a strided x (on meta too)
     xc = contiguous(x.detach());
   }
+  if (out.is_meta()) return out;
   if (x.device().is_cuda()) {
     cuda::dropout(out, xc, seed, offset, p);  // the same mask (ops/cuda/dropout.cu)
     return out;

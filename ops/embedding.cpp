@@ -83,17 +83,17 @@ class EmbeddingBackward : public Node {
     const int64_t n = idx.numel();
     Tensor gc = contiguous_workspace(g[0]);  // (n, C)
     Tensor dweight = empty({V_, C}, {.dtype = g[0].dtype(), .device = g[0].device()});  // (V, C)
-    if (skip_kernel(dweight)) return {dweight, Tensor()};
     if (dweight.device().is_cuda()) {
       cuda::embedding_backward(dweight, gc, idx);
       return {dweight, Tensor()};
     }
     const bool wide = dweight.dtype() == DType::f32 || dweight.dtype() == DType::f64;
-    Tensor acc = dweight;  // f16/bf16 sum in an f32 workspace and round once at the end
-    if (!wide) {
+    Tensor acc = dweight;  // f16/bf16 sum in an f32 workspace and round once at the end (on meta too)
+    if (!wide && dweight.numel() > 0) {
       MemoryCategoryGuard ws(MemoryCategory::workspace);
       acc = empty({V_, C}, {.dtype = DType::f32, .device = dweight.device()});
     }
+    if (skip_kernel(dweight)) return {dweight, Tensor()};
     MG_DISPATCH_INDEX(idx.dtype(), "embedding", [&] {
       using I = scalar_t;
       const I* pi = idx.data<I>();
@@ -127,8 +127,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Shape shape = indices.shape();
   shape.push_back(C);
   Tensor out = empty(shape, {.dtype = weight.dtype(), .device = weight.device()});  // (..., C)
+  Tensor idx = contiguous_workspace(indices);  // on meta too: exact bytes
   if (!indices.is_meta()) {
-    Tensor idx = contiguous_workspace(indices);
     if (idx.device().is_cuda()) {
       cuda::check_indices(idx, V, weight);
       if (!skip_kernel(out)) cuda::embedding_forward(out, weight, idx);

@@ -19,6 +19,7 @@
 #include "ops/attention_common.h"
 #include "ops/cpu_gemm.h"
 #include "ops/kernels/elementwise_functors.h"
+#include "core/flop_counter.h"
 #include "core/parallel.h"
 
 namespace mg {
@@ -210,6 +211,13 @@ Tensor empty_heads_last(const FlashDims& d, const TensorOptions& opt) {
   return t.as_strided({d.B, d.NH, d.T, d.HS}, {d.T * d.NH * d.HS, d.HS, d.NH * d.HS, 1}, 0);
 }
 
+// The FLOPs of one pass over the scores, `products` (T, T, HS)-sized products per slice (forward:
+// q k^T and P v; backward: the recomputed q k^T, dP, dv, dq, dk), half the scores when causal.
+double attention_flops(const FlashDims& d, int products) {
+  const double scores = double(d.T) * double(d.T) * (d.causal ? 0.5 : 1.0);
+  return 2.0 * products * double(d.S()) * scores * double(d.HS);
+}
+
 // The lane workspace of a kernel: shapes only decide its size (Note [Attention lanes]).
 Tensor lane_workspace(const FlashDims& d, int64_t tasks, int64_t per_lane, DType c, Device dev) {
   MemoryCategoryGuard ws(MemoryCategory::workspace);
@@ -236,6 +244,7 @@ class FlashAttentionBackward : public Node {
     Tensor dkc = dk.defined() ? compute_target(dk, c) : Tensor();
     Tensor dvc = dv.defined() ? compute_target(dv, c) : Tensor();
     Tensor ws = lane_workspace(d_, d_.S(), backward_ws(d_), c, out_t.device());
+    count_flops(FlopKind::gemm_f32, attention_flops(d_, 5));
     if (skip_kernel(out_t)) {  // meta (or empty): shapes and bytes only
       for (const Tensor& t : {dq, dk, dv})
         if (t.defined() && !t.is_meta()) fill_(t, 0.0);
@@ -292,6 +301,7 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
     MemoryCategoryGuard ws_tag(MemoryCategory::workspace);
     Tensor qc = as_compute(q, c, false), kc = as_compute(k, c, false), vc = as_compute(v, c, false);
     Tensor ws = lane_workspace(d, d.S() * d.blocks(), forward_ws(d), c, q.device());
+    count_flops(FlopKind::gemm_f32, attention_flops(d, 2));
     if (!skip_kernel(out)) {
       auto run = [&](auto zero) {
         using C = decltype(zero);

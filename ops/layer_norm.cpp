@@ -65,19 +65,25 @@ void layer_norm_kernel(const Tensor& y, const Tensor& mean, const Tensor& rstd, 
   });
 }
 
-// dx: (M, C) or undefined; dw, db: (C) or undefined. dy, x contiguous (M, C); w (C) or undefined.
+// The backward kernel's workspace when dw or db is wanted: (blocks, 2, C) in the statistics'
+// dtype, per block of kRowsPerBlock rows the sum of dy * xhat and the sum of dy. Allocated by the
+// caller on every device, meta included.
+Tensor backward_partial(const Tensor& x, const Tensor& mean) {
+  const int64_t C = x.size(-1), M = C == 0 ? 0 : x.numel() / C;
+  MemoryCategoryGuard ws(MemoryCategory::workspace);
+  return empty({(M + kRowsPerBlock - 1) / kRowsPerBlock, 2, C}, {.dtype = mean.dtype(), .device = x.device()});
+}
+
+// dx: (M, C) or undefined; dw, db: (C) or undefined. dy, x contiguous (M, C); w (C) or undefined;
+// partial: backward_partial(x, mean) when dw or db is wanted.
 template <class T>
 void layer_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
-                                const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w) {
+                                const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                                const Tensor& partial) {
   using S = stat_t<T>;
   int64_t C = x.size(-1), M = x.numel() / C;
   int64_t blocks = (M + kRowsPerBlock - 1) / kRowsPerBlock;
   bool want_params = dw.defined() || db.defined();
-  Tensor partial;  // (blocks, 2, C): per block, sum of dy * xhat and sum of dy
-  if (want_params) {
-    MemoryCategoryGuard ws(MemoryCategory::workspace);
-    partial = empty({blocks, 2, C}, {.dtype = dtype_of_v<S>, .device = x.device()});
-  }
   const T *pdy = dy.data<T>(), *px = x.data<T>();
   const T* pw = w.defined() ? w.data<T>() : nullptr;
   int64_t wst = w.defined() ? w.stride(0) : 0;
@@ -139,20 +145,21 @@ class LayerNormBackward : public Node {
     Tensor dx = need_dx ? empty(dy.shape(), opt) : Tensor();
     Tensor dw = need_dw ? empty({C}, opt) : Tensor();
     Tensor db = need_db ? empty({C}, opt) : Tensor();
-    if (dy.is_meta()) return {dx, dw, db};
     if (dy.numel() == 0) {  // no rows: zero parameter gradients
-      if (dw.defined()) fill_(dw, 0.0);
-      if (db.defined()) fill_(db, 0.0);
+      if (dw.defined() && !dw.is_meta()) fill_(dw, 0.0);
+      if (db.defined() && !db.is_meta()) fill_(db, 0.0);
       return {dx, dw, db};
     }
-    Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();
+    Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();  // on meta too: exact bytes
     Tensor wv = weight.defined() ? weight.unpack() : Tensor();
+    const Tensor partial = (dw.defined() || db.defined()) && !dy.device().is_cuda() ? backward_partial(xv, mv) : Tensor();
+    if (dy.is_meta()) return {dx, dw, db};
     if (dy.device().is_cuda()) {
       cuda::layer_norm_backward(dx, dw, db, dy, xv, mv, rv, wv);
       return {dx, dw, db};
     }
     MG_DISPATCH_FLOAT(dy.dtype(), "layer_norm backward",
-                      [&] { layer_norm_backward_kernel<scalar_t>(dx, dw, db, dy, xv, mv, rv, wv); });
+                      [&] { layer_norm_backward_kernel<scalar_t>(dx, dw, db, dy, xv, mv, rv, wv, partial); });
     return {dx, dw, db};
   }
   SavedTensor x{this};       // (..., C) the input itself, when dx or dweight is needed
@@ -192,9 +199,11 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     mean = empty({M}, {.dtype = sd, .device = x.device()});
     rstd = empty({M}, {.dtype = sd, .device = x.device()});
   }
-  if (!skip_kernel(y)) {
-    Tensor xc = contiguous_scratch(x);
-    if (x.device().is_cuda()) cuda::layer_norm_forward(y, mean, rstd, xc, weight, bias, eps);
+  if (y.numel() > 0) {
+    Tensor xc = contiguous_scratch(x);  // on meta too: exact bytes
+    if (y.is_meta()) {
+      // shapes and bytes only
+    } else if (x.device().is_cuda()) cuda::layer_norm_forward(y, mean, rstd, xc, weight, bias, eps);
     else MG_DISPATCH_FLOAT(x.dtype(), op, [&] { layer_norm_kernel<scalar_t>(y, mean, rstd, xc, weight, bias, eps); });
   }
   if (auto node = make_node_if_needed<LayerNormBackward>({x, weight, bias})) {

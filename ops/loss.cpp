@@ -15,6 +15,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/flop_counter.h"
 #include "core/parallel.h"
 #include "ops/cpu_gemm.h"
 #include "ops/autocast_policy.h"
@@ -167,6 +168,7 @@ class LinearCrossEntropyBackward : public Node {
     Tensor dw = needs_input_grad(1) ? empty(w.shape(), opt) : Tensor();  // (V, C)
     MemoryCategoryGuard ws(MemoryCategory::workspace);
     Tensor chunk = empty({R, V}, opt), dchunk = empty({R, V}, opt);  // (R, V) logits and their gradient
+    count_flops(FlopKind::gemm_f32, 2.0 * double(N) * double(V) * double(C) * (1 + int(dh.defined()) + int(dw.defined())));
     if (h.is_meta()) return {dh, dw};
     if (dw.defined()) fill_(dw, 0.0);
     if (N == 0) return {dh, dw};
@@ -352,6 +354,7 @@ Tensor linear_cross_entropy(const Tensor& hidden, const Tensor& weight, const Te
   OpNameGuard name(op);
   const Tensor h = contiguous_scratch(hidden), w = contiguous_scratch(weight);  // row-major operands
   const int64_t N = h.size(0), V = w.size(0), R = chunk_rows(N, V);
+  count_flops(FlopKind::gemm_f32, 2.0 * double(N) * double(V) * double(h.size(1)));  // the logits
   int64_t count = 0;
   if (!h.is_meta())
     count = MG_DISPATCH_INDEX(target.dtype(), op, [&] { return count_targets<scalar_t>(target, V, ignore_index); });

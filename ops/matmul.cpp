@@ -17,6 +17,7 @@
 #include "ops/cpu_loops.h"
 #include "ops/cuda/launchers.h"
 #include "ops/gemm_view.h"
+#include "core/flop_counter.h"
 #include "ops/ops.h"
 
 namespace mg {
@@ -26,6 +27,7 @@ namespace {
 // (cpu_gemm runs its tiles inline inside a parallel region); larger ones run one after another,
 // each using every thread. The choice depends only on shapes, not on the thread count.
 constexpr int64_t kSmallGemmMacs = int64_t(1) << 21;  // 128^3
+constexpr int64_t kBatchLanes = 16;  // lanes the parallel batches are dealt to (shapes decide, not threads)
 
 using gemm::batch_offset;
 using gemm::batch_strides;
@@ -35,21 +37,31 @@ using gemm::GemmView;
 
 // out (batch..., N, M), contiguous, dtype C: out = a b + beta * out, where a (..., N, K) and
 // b (..., K, M) have dtype C, any strides, and batch dims that broadcast to out's.
-// One GEMM call in C's own type: f32 / f64 directly, f16 / bf16 through the converting GEMM.
+// One GEMM call in C's own type: f32 / f64 directly, f16 / bf16 through the converting GEMM with
+// `ws` its f32 workspace (Note [GEMM lanes] in cpu_gemm.cpp).
 template <class C>
 void gemm_as(Transpose ta, Transpose tb, int64_t N, int64_t M, int64_t K, const C* a, int64_t lda, const C* b,
-             int64_t ldb, compute_t<C> beta, C* o, int64_t ldo, Device device) {
+             int64_t ldb, compute_t<C> beta, C* o, int64_t ldo, float* ws) {
   if constexpr (std::is_same_v<C, compute_t<C>>) cpu_gemm(ta, tb, N, M, K, C(1), a, lda, b, ldb, beta, o, ldo);
-  else cpu_gemm(ta, tb, N, M, K, 1.0f, a, lda, b, ldb, beta, o, ldo, device);
+  else cpu_gemm(ta, tb, N, M, K, 1.0f, a, lda, b, ldb, beta, o, ldo, ws);
 }
 
+// How bmm_kernel runs a product, decided by the shapes alone: one GEMM over every batch's rows
+// (b shared and a's rows flat), batches in parallel (small GEMMs) on lanes, or batches in turn.
+enum class BmmPath { flat, parallel, serial };
+
+// The kernel of run_product. Everything it allocates (contiguous copies of operands a GEMM cannot
+// read in place, the 16-bit GEMM's f32 panels) it allocates on every device, meta included, and
+// only then stops on meta: the meta device sees the workspace of the real run.
 template <class C>
 void bmm_kernel(const Tensor& out, Tensor a, Tensor b, compute_t<C> beta) {
   const int64_t N = a.size(-2), K = a.size(-1), M = b.size(-1);
-  C* po = typed_base<C>(out);
   Shape batch(out.shape().begin(), out.shape().end() - 2);
   const int64_t nb = numel_of(batch);
+  if (out.numel() == 0) return;
   if (K == 0) {  // an empty sum
+    if (out.is_meta()) return;
+    C* po = typed_base<C>(out);
     for (int64_t i = 0; i < out.numel(); ++i) po[i] = C(beta == 0 ? compute_t<C>(0) : beta * compute_t<C>(po[i]));
     return;
   }
@@ -60,26 +72,41 @@ void bmm_kernel(const Tensor& out, Tensor a, Tensor b, compute_t<C> beta) {
     if (!va) a = contiguous(a), va = gemm_view(N, K, K, 1);
     if (!vb) b = contiguous(b), vb = gemm_view(K, M, M, 1);
   }
+  Shape sa = batch_strides(a, batch), sb = batch_strides(b, batch);
+  const bool b_shared = std::all_of(sb.begin(), sb.end(), [](int64_t s) { return s == 0; });
+  const std::optional<int64_t> flat_ld = nb > 1 && b_shared ? flat_row_stride(batch, sa, N, K, *va) : std::nullopt;
+  const BmmPath path = flat_ld ? BmmPath::flat : nb > 1 && N * M * K <= kSmallGemmMacs ? BmmPath::parallel : BmmPath::serial;
+  // 16-bit: the GEMM's f32 panels, one GEMM's worth per lane of batches (Note [GEMM lanes]).
+  constexpr bool low = !std::is_same_v<C, compute_t<C>>;
+  const int64_t lanes = path == BmmPath::parallel ? std::min(kBatchLanes, nb) : 1;
+  const int64_t per_gemm = !low ? 0 : path == BmmPath::flat ? cpu_gemm_workspace_floats(nb * N, M, K)
+                                                            : cpu_gemm_workspace_floats(N, M, K);
+  count_flops(gemm_kind(out.dtype()), 2.0 * double(nb) * double(N) * double(M) * double(K));
+  Tensor ws;
+  if (per_gemm > 0) {
+    MemoryCategoryGuard tag(MemoryCategory::workspace);
+    ws = empty({lanes, per_gemm}, {.dtype = DType::f32, .device = out.device()});
+  }
+  if (out.is_meta()) return;
+  float* pws = ws.defined() ? ws.data<float>() : nullptr;
+  C* po = typed_base<C>(out);
   const C* pa = typed_base<const C>(a);
   const C* pb = typed_base<const C>(b);
-  Shape sa = batch_strides(a, batch), sb = batch_strides(b, batch);
-  bool b_shared = std::all_of(sb.begin(), sb.end(), [](int64_t s) { return s == 0; });
-  if (nb > 1 && b_shared) {
-    if (auto ld = flat_row_stride(batch, sa, N, K, *va)) {
-      gemm_as<C>(Transpose::no, Transpose(vb->trans), nb * N, M, K, pa, *ld, pb, vb->ld, beta, po, M, out.device());
-      return;
-    }
+  if (path == BmmPath::flat) {
+    gemm_as<C>(Transpose::no, Transpose(vb->trans), nb * N, M, K, pa, *flat_ld, pb, vb->ld, beta, po, M, pws);
+    return;
   }
-  auto one = [&](int64_t i) {
+  auto one = [&](int64_t i, float* w) {
     gemm_as<C>(Transpose(va->trans), Transpose(vb->trans), N, M, K, pa + batch_offset(i, batch, sa), va->ld,
-               pb + batch_offset(i, batch, sb), vb->ld, beta, po + i * N * M, M, out.device());
+               pb + batch_offset(i, batch, sb), vb->ld, beta, po + i * N * M, M, w);
   };
-  if (nb > 1 && N * M * K <= kSmallGemmMacs) {
-    parallel_for(0, nb, 1, [&](int64_t s, int64_t e) {
-      for (int64_t i = s; i < e; ++i) one(i);
+  if (path == BmmPath::parallel) {
+    parallel_for(0, lanes, 1, [&](int64_t s, int64_t e) {
+      for (int64_t lane = s; lane < e; ++lane)
+        for (int64_t i = lane; i < nb; i += lanes) one(i, pws ? pws + lane * per_gemm : nullptr);
     });
   } else {
-    for (int64_t i = 0; i < nb; ++i) one(i);
+    for (int64_t i = 0; i < nb; ++i) one(i, pws);
   }
 }
 
@@ -101,7 +128,7 @@ void run_product(const Tensor& out, const Tensor& a_in, const Tensor& b_in, cons
   Tensor a = a_in.detach(), b = b_in.detach(), bias = bias_in.defined() ? bias_in.detach() : Tensor();
   if (out.device().is_cuda()) return cuda::matmul(out, a, b, bias);  // cuBLAS (ops/cuda/matmul.cu)
   MG_DISPATCH_FLOAT(out.dtype(), "matmul", [&] {
-    if (bias.defined()) fill_rows<scalar_t>(out, bias);
+    if (bias.defined() && !out.is_meta()) fill_rows<scalar_t>(out, bias);
     bmm_kernel<scalar_t>(out, a, b, bias.defined() ? 1 : 0);
   });
 }
@@ -191,7 +218,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   shape.push_back(a.size(-2));
   shape.push_back(b.size(-1));
   Tensor out = empty(shape, {.dtype = a.dtype(), .device = a.device()});  // (batch..., N, M)
-  if (!skip_kernel(out)) run_product(out, a, b, Tensor());
+  run_product(out, a, b, Tensor());  // on meta too: it allocates its workspace, then stops
   if (auto node = make_node_if_needed<MatmulBackward>({a, b}, a.shape(), b.shape())) {
     if (b.requires_grad()) node->a.save(a);
     if (a.requires_grad()) node->b.save(b);
@@ -219,7 +246,7 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Shape shape = x.shape();
   shape.back() = out_features;
   Tensor out = empty(shape, {.dtype = x.dtype(), .device = x.device()});  // (..., out)
-  if (!skip_kernel(out)) {
+  if (out.numel() > 0) {  // on meta too: the workspace the kernel would take is allocated there
     const int64_t rows = out.numel() / out_features;
     Tensor x2;
     {

@@ -118,7 +118,7 @@ class SoftmaxBackward : public Node {
     Tensor yv = y.unpack();  // contiguous: it is the forward's own output
     Tensor dy = contiguous_scratch(grads[0]);
     Tensor dx = empty(yv.shape(), {.dtype = yv.dtype(), .device = yv.device()});
-    if (!skip_kernel(dx)) {
+    if (!skip_kernel(dx)) {  // dy's scratch copy (above) is made on meta too
       RowLayout l = row_layout(yv.shape(), dim_);
       if (yv.device().is_cuda()) {
         cuda::softmax_backward(dx, dy, yv, l.outer, l.n, l.inner, kind_ == SoftmaxKind::log_softmax);
@@ -142,8 +142,8 @@ Tensor softmax_impl(const char* op, const Tensor& x, int64_t dim, SoftmaxKind ki
   int64_t d = wrap_dim(dim, x.dim(), op);
   OpNameGuard name(op);
   Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});  // same shape as x
+  Tensor xc = y.numel() > 0 ? contiguous_scratch(x) : x;  // on meta too: exact bytes
   if (!skip_kernel(y)) {
-    Tensor xc = contiguous_scratch(x);
     RowLayout l = row_layout(x.shape(), d);
     if (x.device().is_cuda()) cuda::softmax_forward(y, xc, l.outer, l.n, l.inner, kind == SoftmaxKind::log_softmax);
     else MG_DISPATCH_FLOAT(x.dtype(), op, [&] { softmax_kernel<scalar_t>(y, xc, l, kind); });

@@ -84,7 +84,9 @@ void Trainer::accumulate(int64_t batch_size, int64_t m, const MicroLoss& micro_l
       StepPhaseGuard phase(StepPhase::backward);
       backward(scaled);
     }
-    r.loss += weight * loss.item();
+    // Note [A step on meta]: meta has shapes and bytes but no values, so a step there runs every
+    // allocation of the real one and reports its loss as NaN.
+    r.loss += loss.is_meta() ? std::nan("") : weight * loss.item();
     r.micro_steps += 1;
   }
   if (opt_.sync) {

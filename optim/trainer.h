@@ -38,7 +38,7 @@ struct TrainerOptions {
 };
 
 struct StepReport {
-  double loss = 0.0;          // the batch's mean loss (micro losses weighted by their terms)
+  double loss = 0.0;          // the batch's mean loss (micro losses weighted by their terms); NaN on meta
   int64_t micro_batch = 0;    // the micro-batch the step finally ran with
   int64_t micro_steps = 0;    // forward/backward passes of that successful attempt
   int64_t retries = 0;        // attempts undone after an OutOfMemoryError (auto_fit)

@@ -8,6 +8,7 @@
 
 #include "core/half_convert.h"
 #include "core/rng.h"
+#include "core/tensor.h"
 #include "ops/cpu_gemm.h"
 
 using namespace mg;
@@ -62,7 +63,8 @@ void check_gemm(double tol) {
       for (size_t i = 0; i < C.size(); ++i) C[i] = H(g.uniform_at(i + 7 * A.size()) - 0.5f);
       std::vector<H> C0 = C;
       const float alpha = 0.5f, beta = 2.0f;
-      cpu_gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc, kCPU);
+      Tensor ws = empty({cpu_gemm_workspace_floats(M, N, K)}, {.dtype = DType::f32});
+      cpu_gemm(ta, tb, M, N, K, alpha, A.data(), lda, B.data(), ldb, beta, C.data(), ldc, ws.data<float>());
       double worst = 0;
       for (int64_t i = 0; i < M; ++i)
         for (int64_t j = 0; j < N; ++j) {

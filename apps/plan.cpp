@@ -1,0 +1,220 @@
+// memgrad plan (see plan.h): the candidates, their meta measurements, the budget check, the
+// ranking, the table and the JSON rows.
+#include "apps/plan.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "core/allocator.h"
+#include "core/error.h"
+
+namespace mg {
+
+namespace {
+
+double mib(int64_t b) { return double(b) / (1024.0 * 1024.0); }
+
+// The least parameter bytes any row holds (bf16pure halves them), and that row.
+const PlanRow& least(const std::vector<PlanRow>& rows, MemoryCategory c) {
+  const PlanRow* best = &rows.front();
+  for (const PlanRow& r : rows)
+    if ((c == MemoryCategory::other ? r.memory.peak : r.memory.category[size_t(c)]) <
+        (c == MemoryCategory::other ? best->memory.peak : best->memory.category[size_t(c)]))
+      best = &r;
+  return *best;
+}
+
+// Whether a candidate runs under the budget: the allocator caps reserved bytes, and a step whose
+// reserved peak passes the budget may still fit once cached segments are released, so that case
+// is decided by running the step on meta under the budget itself.
+bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& meta, const StepMemory& m, int64_t budget) {
+  if (budget <= 0 || m.reserved <= budget) return true;
+  if (m.peak > budget) return false;
+  try {
+    measure_step(w, c.techniques, meta, kUntilSteady, budget);
+    return true;
+  } catch (const OutOfMemoryError&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::string default_candidates(int64_t batch) {
+  // Accumulation over 4 micro-batches (2 when 4 does not divide the batch): 26 candidates keep a
+  // plan of gpt2-124m under 2 s; --techniques asks for others (accum8, fp16, ...).
+  std::vector<std::string> accums{""};
+  if (batch % 4 == 0) accums.push_back("accum4");
+  else if (batch % 2 == 0) accums.push_back("accum2");
+  std::string list;
+  auto add = [&](std::vector<std::string> parts) {
+    std::string name;
+    for (const auto& p : parts)
+      if (!p.empty()) name += (name.empty() ? "" : "+") + p;
+    list += (list.empty() ? "" : ",") + (name.empty() ? std::string("none") : name);
+  };
+  for (const char* ckpt : {"", "ckpt", "ckpt-sqrt", "selective"})
+    for (const char* prec : {"", "bf16", "bf16pure"})
+      for (const auto& acc : accums) add({ckpt, prec, acc});
+  add({"offload"});
+  add({"ckpt", "offload"});
+  return list;
+}
+
+Plan make_plan(const PlanOptions& o) {
+  Plan p;
+  p.workload = o.workload ? *o.workload : PlanWorkload::named(o.model, o.batch);
+  p.workload.optimizer = parse_optimizer_kind(o.optimizer);
+  p.device = Device(o.device);
+  MG_CHECK(p.device.is_cpu(), "plan: --device ", p.device.str(),
+           ": plans are for cpu:N for now (on cuda:N attention keeps its (B, NH, T, T) weights, which the meta step "
+           "does not model, and the time model is calibrated on this machine's CPU)");
+  MG_CHECK(o.verify_steps >= 2, "plan: --verify-steps must be at least 2 (the first is warm-up), got ", o.verify_steps);
+  if (!o.memory_limit.empty()) {
+    p.budget = int64_t(parse_bytes(o.memory_limit));
+    MG_CHECK(p.budget > 0, "plan: --memory-limit must be positive, got '", o.memory_limit, "'");
+  }
+  p.num_parameters = p.workload.num_parameters();
+  const std::vector<Combination> combos =
+      parse_combinations(o.techniques.empty() ? default_candidates(p.workload.batch) : o.techniques, p.workload.batch,
+                         p.device);
+  p.calibration = Calibration::of_this_machine();
+  const Device meta(DeviceType::meta, 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const Combination& c : combos) {
+    PlanRow row{.combination = c};
+    // --verify runs the device for verify_steps: the meta step then runs as many (Note [Steady state]).
+    const StepMeasurement m = measure_step(p.workload, c.techniques, meta, o.verify ? int(o.verify_steps) : kUntilSteady);
+    row.memory = m.memory;
+    row.flops = m.flops;
+    row.allocated_bytes = m.allocated_bytes;
+    row.estimated_ms = p.calibration.estimate_ms(m.flops, double(m.allocated_bytes));
+    row.fits = fits_budget(p.workload, c, meta, m.memory, p.budget);
+    p.rows.push_back(row);
+  }
+  p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // A budget below the parameters alone: no technique here gets there.
+  const PlanRow& fewest_params = least(p.rows, MemoryCategory::parameter);
+  const int64_t params = fewest_params.memory.category[size_t(MemoryCategory::parameter)];
+  if (p.budget > 0 && p.budget < params) {
+    const PlanRow& smallest = least(p.rows, MemoryCategory::other);
+    MG_THROW("plan: --memory-limit ", format_bytes(p.budget), " is below the parameters alone (",
+             format_bytes(params), " in ", fewest_params.combination.name, " for ", p.num_parameters,
+             " parameters); the least any candidate needs is ", format_bytes(smallest.memory.peak), " (",
+             smallest.combination.name, ")\n  hint: bf16pure stores the parameters in 2 bytes instead of 4; "
+             "--optimizer adamw8bit or sgd shrinks the optimizer state; a smaller --batch or model lowers the rest");
+  }
+  for (size_t i = 0; i < p.rows.size(); ++i)
+    if (p.rows[i].fits && (p.recommended < 0 || p.rows[i].estimated_ms < p.rows[size_t(p.recommended)].estimated_ms))
+      p.recommended = int(i);
+  if (o.verify) {
+    for (PlanRow& row : p.rows) {
+      try {
+        const StepMeasurement m =
+            measure_step(p.workload, row.combination.techniques, p.device, int(o.verify_steps), p.budget);
+        row.measured = m.memory;
+        row.measured_ms = m.ms_per_step;
+      } catch (const OutOfMemoryError&) {
+        row.measured_fits = false;
+      }
+    }
+  }
+  return p;
+}
+
+std::string Plan::table() const {
+  std::ostringstream os;
+  char line[512];
+  const bool gpt = workload.is_gpt();
+  std::snprintf(line, sizeof line, "memgrad plan: %s (%lld parameters), batch %lld%s, on %s, budget %s, optimizer %s\n",
+                workload.name.c_str(), (long long)num_parameters, (long long)workload.batch,
+                gpt ? (" x " + std::to_string(workload.gpt->context) + " tokens").c_str() : " images",
+                device.str().c_str(), budget > 0 ? format_bytes(budget).c_str() : "none",
+                optimizer_kind_name(workload.optimizer).c_str());
+  os << line;
+  std::snprintf(line, sizeof line,
+                "memory: peak allocated MiB per category of one training step per combination, run on meta (exact "
+                "for %s; %zu combinations in %.0f ms)\n",
+                device.str().c_str(), rows.size(), 1e3 * seconds);
+  os << line;
+  os << "time: estimated ms/step = the step's FLOPs and allocated bytes at this machine's measured rates ("
+     << calibration.str() << (calibration.cached ? "; cached in " : "; measured now, cached in ")
+     << (calibration.path.empty() ? std::string("nowhere") : calibration.path) << ")\n";
+  const bool verified = std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return r.measured || !r.measured_fits; });
+  std::snprintf(line, sizeof line, "%-26s %9s %9s %9s %9s %9s %9s %10s %10s %5s %10s", "combination", "param", "grad",
+                "optim", "activ", "work", "input", "peak", "reserved", "fits", "est ms");
+  os << line << (verified ? "  measured peak  measured ms   est/meas" : "") << "\n";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const PlanRow& r = rows[i];
+    auto cat = [&](MemoryCategory k) { return mib(r.memory.category[size_t(k)]); };
+    std::snprintf(line, sizeof line, "%-26s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f %10.2f %5s %10.1f",
+                  (r.combination.name + (int(i) == recommended ? " *" : "")).c_str(), cat(MemoryCategory::parameter),
+                  cat(MemoryCategory::gradient), cat(MemoryCategory::optimizer_state), cat(MemoryCategory::activation),
+                  cat(MemoryCategory::workspace), cat(MemoryCategory::input), mib(r.memory.peak), mib(r.memory.reserved),
+                  r.fits ? "yes" : "no", r.estimated_ms);
+    os << line;
+    if (r.measured) {
+      std::snprintf(line, sizeof line, "  %10.2f %s %11.1f %9.2fx", mib(r.measured->peak),
+                    r.measured->peak == r.memory.peak ? "=" : "!", r.measured_ms,
+                    r.measured_ms > 0 ? r.estimated_ms / r.measured_ms : 0.0);
+      os << line;
+    } else if (!r.measured_fits) {
+      os << "  out of memory";
+    }
+    os << "\n";
+  }
+  if (recommended >= 0) {
+    const PlanRow& r = rows[size_t(recommended)];
+    std::snprintf(line, sizeof line, "recommended (*): %s, peak %s, estimated %.1f ms/step (%s)\n",
+                  r.combination.name.c_str(), format_bytes(r.memory.peak).c_str(), r.estimated_ms,
+                  budget > 0 ? "the fastest estimate that fits the budget" : "the fastest estimate; no budget given");
+    os << line;
+  } else {
+    const PlanRow& s = least(rows, MemoryCategory::other);
+    os << "nothing fits " << format_bytes(budget) << ": the least a candidate needs is " << format_bytes(s.memory.peak)
+       << " (" << s.combination.name << ")\n  hint: bf16pure halves parameters and activations, --optimizer adamw8bit "
+       << "shrinks the optimizer state, ckpt-sqrt or more accumulation shrink activations\n";
+  }
+  if (verified && recommended >= 0) {
+    int fastest = -1;
+    for (size_t i = 0; i < rows.size(); ++i)
+      if (rows[i].measured && (fastest < 0 || rows[i].measured_ms < rows[size_t(fastest)].measured_ms)) fastest = int(i);
+    const PlanRow& r = rows[size_t(recommended)];
+    if (fastest >= 0 && r.measured) {
+      std::snprintf(line, sizeof line, "verify: the fastest measured combination that fits is %s (%.1f ms); the "
+                    "recommended one measured %.1f ms (%.2fx)\n", rows[size_t(fastest)].combination.name.c_str(),
+                    rows[size_t(fastest)].measured_ms, r.measured_ms, r.measured_ms / rows[size_t(fastest)].measured_ms);
+      os << line;
+    }
+  }
+  return os.str();
+}
+
+nlohmann::json Plan::to_json() const {
+  nlohmann::json rows_j = nlohmann::json::array();
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const PlanRow& r = rows[i];
+    nlohmann::json j{{"combination", r.combination.name},
+                     {"peak_bytes", r.memory.peak},
+                     {"reserved_bytes", r.memory.reserved},
+                     {"fits", r.fits},
+                     {"ms_per_step", r.estimated_ms},
+                     {"recommended", int(i) == recommended},
+                     {"allocated_bytes", r.allocated_bytes}};
+    for (MemoryCategory c : kAllMemoryCategories)
+      j["peak_" + std::string(category_name(c)) + "_bytes"] = r.memory.category[size_t(c)];
+    for (size_t k = 0; k < kNumFlopKinds; ++k) j["flops_" + std::string(flop_kind_name(FlopKind(k)))] = r.flops.flops[k];
+    if (r.measured) {
+      j["measured_peak_bytes"] = r.measured->peak;
+      j["measured_ms_per_step"] = r.measured_ms;
+    } else if (!r.measured_fits) {
+      j["measured_out_of_memory"] = true;
+    }
+    rows_j.push_back(j);
+  }
+  return rows_j;
+}
+
+}  // namespace mg

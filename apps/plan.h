@@ -1,0 +1,68 @@
+// `memgrad plan`: the memory of every candidate combination of techniques for a workload, exact,
+// from one Trainer step per combination on the meta device (apps/plan_step.h), whether it fits a
+// budget, its estimated step time (apps/cost_model.h), and the recommendation: the fastest
+// combination that fits. `--verify` also runs each candidate on the real device and sets the
+// measured memory and time beside the estimates.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/bench.h"
+#include "apps/cost_model.h"
+#include "apps/plan_step.h"
+
+namespace mg {
+
+struct PlanOptions {
+  std::string model = "gpt-mini";   // a name PlanWorkload::named knows
+  int64_t batch = 0;                // 0: the workload's
+  std::string device = "cpu:0";     // the device the run would train on
+  std::string memory_limit{};       // the budget, e.g. "512MiB" ("": none, every candidate fits)
+  std::string techniques{};         // bench's syntax; "": the default candidates (default_candidates)
+  std::string optimizer = "adamw";  // adamw, adamw8bit or sgd
+  std::optional<PlanWorkload> workload{};  // instead of model / batch (tiny models for tests)
+  bool verify = false;              // also run every candidate on the device
+  int64_t verify_steps = 3;         // steps per verified candidate (the first is warm-up)
+};
+
+struct PlanRow {
+  Combination combination;
+  StepMemory memory{};       // meta: exact, per category
+  FlopCounts flops{};
+  int64_t allocated_bytes = 0;
+  double estimated_ms = 0.0;
+  bool fits = true;
+  // --verify: the same step run on the device.
+  std::optional<StepMemory> measured{};
+  double measured_ms = 0.0;
+  bool measured_fits = true;
+};
+
+struct Plan {
+  PlanWorkload workload;
+  Device device = kCPU;
+  int64_t budget = 0;          // 0: none
+  int64_t num_parameters = 0;
+  Calibration calibration;
+  std::vector<PlanRow> rows;   // in candidate order
+  int recommended = -1;        // index into rows; -1 when nothing fits
+  double seconds = 0.0;        // wall-clock time the meta measurements took
+
+  std::string table() const;
+  nlohmann::json to_json() const;
+};
+
+// The candidates when --techniques is not given: every checkpoint policy (none, ckpt, ckpt-sqrt,
+// selective) x precision (fp32, bf16, bf16pure) x accumulation (none, and 4 micro-batches, or 2
+// when 4 does not divide the batch), plus offload on the plain and on the checkpointed fp32 runs.
+std::string default_candidates(int64_t batch);
+
+// Throws on a bad model, device, budget or technique; and when the budget is below what the
+// parameters alone take, naming the least any candidate needs and what lowers it.
+Plan make_plan(const PlanOptions& options);
+
+}  // namespace mg

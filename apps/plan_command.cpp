@@ -1,0 +1,39 @@
+// `memgrad plan --model M --batch B [--memory-limit X] [--techniques LIST] [--json] [--verify]`:
+// the exact memory of each combination of techniques from one step on meta, whether it fits the
+// budget, its estimated step time, and the recommended combination (apps/plan.h).
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <memory>
+
+#include "apps/commands.h"
+#include "apps/plan.h"
+
+namespace mg {
+
+void add_plan_command(CLI::App& app) {
+  auto o = std::make_shared<PlanOptions>();
+  auto json = std::make_shared<bool>(false);
+  CLI::App* cmd = app.add_subcommand(
+      "plan", "the exact peak memory of every combination of techniques (from one step on meta), what fits a budget, "
+              "and the fastest that fits");
+  cmd->add_option("--model", o->model, "gpt-mini, gpt-small, gpt2-124m, mobilenetv2-32 or mobilenetv2-224")
+      ->capture_default_str();
+  cmd->add_option("--batch", o->batch, "examples per step (default: the workload's: 8 for GPT, 64 / 32 for MobileNetV2)");
+  cmd->add_option("--device", o->device, "the device the run would train on (cpu:N)")->capture_default_str();
+  cmd->add_option("--memory-limit", o->memory_limit, "the device's budget, e.g. 512MiB or 24GiB (default: none)");
+  cmd->add_option("--techniques", o->techniques,
+                  "the candidates in memgrad bench's syntax, e.g. none,ckpt,bf16+accum8 (default: every checkpoint "
+                  "policy x precision x {no accumulation, accum4}, and offload)");
+  cmd->add_option("--optimizer", o->optimizer, "adamw, adamw8bit or sgd")->capture_default_str();
+  cmd->add_flag("--json", *json, "print the rows as a JSON list instead of the table");
+  cmd->add_flag("--verify", o->verify, "also run every candidate for --verify-steps steps: measured vs estimated");
+  cmd->add_option("--verify-steps", o->verify_steps, "steps per verified candidate (the first is warm-up)")
+      ->capture_default_str();
+  cmd->callback([o, json] {
+    const Plan p = make_plan(*o);
+    if (*json) std::printf("%s\n", p.to_json().dump(2).c_str());
+    else std::printf("%s", p.table().c_str());
+  });
+}
+
+}  // namespace mg

@@ -1,0 +1,171 @@
+// One measured training step of a workload on any device (see plan_step.h). It mirrors what the
+// training commands run: the model built on the device (parameters), precision and checkpointing
+// applied, the commands' optimizer, the loader's batches allocated before the step (inputs), and
+// one Trainer step per measurement with the commands' micro-batch loss.
+#include "apps/plan_step.h"
+
+#include <atomic>
+
+#include "autograd/grad_mode.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/memory_category.h"
+#include "core/rng.h"
+#include "ops/ops.h"
+#include "optim/trainer.h"
+
+namespace mg {
+
+namespace {
+
+// Module construction tags its parameters; these are the loader's batch buffers.
+struct Batches {
+  std::vector<std::pair<Tensor, Tensor>> held;  // (input, target), the first is the one in use
+};
+
+Batches make_batches(const PlanWorkload& w, const Device& d) {
+  MemoryCategoryGuard tag(MemoryCategory::input);
+  OpNameGuard op("data_loader");
+  Batches b;
+  for (int64_t i = 0; i <= w.prefetch; ++i) {
+    if (w.is_gpt()) {
+      // Token ids (B, T) and next-token targets (B, T): zeros are valid ids of every vocabulary.
+      b.held.emplace_back(zeros({w.batch, w.gpt->context}, {.dtype = DType::i64, .device = d}),
+                          zeros({w.batch, w.gpt->context}, {.dtype = DType::i64, .device = d}));
+    } else {
+      const auto& c = *w.mobilenet;
+      Tensor x = empty({w.batch, c.in_channels, c.input_size, c.input_size}, {.device = d});
+      if (!d.is_meta()) fill_(x, 0.5);
+      b.held.emplace_back(x, zeros({w.batch}, {.dtype = DType::i64, .device = d}));
+    }
+  }
+  return b;
+}
+
+// Sums the bytes allocated on the step's devices while alive.
+struct AllocatedBytes : AllocatorObserver {
+  AllocatedBytes(Device a, std::optional<Device> b) : a(a), b(b) { add_allocator_observer(this); }
+  ~AllocatedBytes() override { remove_allocator_observer(this); }
+  void on_event(const MemoryEvent& e) override {
+    if (e.kind == MemoryEvent::Kind::alloc && (e.device == a || (b && e.device == *b))) bytes += int64_t(e.requested);
+  }
+  Device a;
+  std::optional<Device> b;
+  std::atomic<int64_t> bytes{0};
+};
+
+// Puts a device's budget back when the measurement ends (normally or by an exception).
+struct LimitGuard {
+  LimitGuard(Device d, int64_t limit) : d(d), saved(memory_limit(d)) {
+    if (limit > 0) set_memory_limit(d, size_t(limit));
+  }
+  ~LimitGuard() { set_memory_limit(d, saved); }
+  Device d;
+  size_t saved;
+};
+
+std::shared_ptr<Module> build(const PlanWorkload& w, const Device& d) {
+  Generator gen(0);  // its own stream: measuring never moves the user's
+  if (w.is_gpt()) return std::make_shared<GPT>(*w.gpt, InitOptions{.gen = &gen, .device = d});
+  return std::make_shared<MobileNetV2>(*w.mobilenet, InitOptions{.gen = &gen, .device = d});
+}
+
+}  // namespace
+
+PlanWorkload PlanWorkload::named(const std::string& model, int64_t batch) {
+  MG_CHECK(batch >= 0, "plan: --batch must be positive, got ", batch);
+  PlanWorkload w;
+  w.name = model;
+  for (const auto& n : GPTConfig::names())
+    if (n == model) {
+      w.gpt = GPTConfig::named(model);
+      w.batch = batch > 0 ? batch : 8;
+      w.grad_clip = 1.0;  // GptTrainOptions
+      w.prefetch = 2;     // gpt train's loader
+      return w;
+    }
+  for (const auto& n : MobileNetV2Config::names())
+    if (n == model) {
+      w.mobilenet = MobileNetV2Config::named(model);
+      w.batch = batch > 0 ? batch : (w.mobilenet->input_size >= 224 ? 32 : 64);
+      w.prefetch = 2;  // vision train's loader
+      return w;
+    }
+  std::string known;
+  for (const auto& n : GPTConfig::names()) known += n + ", ";
+  for (const auto& n : MobileNetV2Config::names()) known += n + ", ";
+  MG_THROW("unknown model '", model, "' (known: ", known.substr(0, known.size() - 2), ")");
+}
+
+int64_t PlanWorkload::num_parameters() const {
+  Device scratch(DeviceType::meta, kMaxDevicesPerType - 1);
+  return build(*this, scratch)->num_parameters();
+}
+
+int64_t PlanWorkload::items_per_step() const { return is_gpt() ? batch * gpt->context : batch; }
+
+StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device, int steps,
+                             int64_t memory_limit) {
+  MG_CHECK(w.gpt.has_value() != w.mobilenet.has_value(), "measure_step: a workload is one GPT or one MobileNetV2");
+  MG_CHECK(w.batch > 0 && (steps >= 2 || steps == kUntilSteady), "measure_step: needs a batch (got ", w.batch,
+           ") and 2+ steps (got ", steps, ")");
+  t.validate(w.batch, device);
+  TechniqueOptions tech = t;
+  if (device.is_meta() && tech.offload_activations) tech.offload_activations = Device(DeviceType::meta, device.index + 1);
+  StreamRecorder streams;  // dropout draws: put back at the end
+  empty_cache(device);
+  if (tech.offload_activations) empty_cache(*tech.offload_activations);
+  StepMeasurement out;
+  StepTimes times;
+  {
+    LimitGuard limit(device, memory_limit);
+    std::shared_ptr<Module> model = build(w, device);
+    apply_precision(*model, tech.precision);
+    if (w.is_gpt()) static_cast<GPT&>(*model).set_checkpoint(tech.checkpoint);
+    else static_cast<MobileNetV2&>(*model).set_checkpoint(tech.checkpoint);
+    TrainOptions o;
+    o.optimizer = w.optimizer;
+    std::unique_ptr<Optimizer> opt = make_optimizer(o, *model);
+    Trainer trainer(*model, *opt, tech.trainer_options(w.grad_clip));
+    PeakMeter meter(device);
+    // Note [Steady state]: a block reused from the cache may be larger than asked, so the first
+    // steps' peaks can differ by a block while the pool settles; kUntilSteady runs until two
+    // steps after the first peak alike (at most kMaxSteadySteps).
+    int64_t previous_peak = -1, previous_reserved = -1;
+    const int max_steps = steps == kUntilSteady ? kMaxSteadySteps : steps;
+    for (int s = 0; s < max_steps; ++s) {
+      FlopCounter flops;
+      AllocatedBytes bytes(device, tech.offload_activations);
+      times.start();
+      meter.begin_step();
+      Batches b = make_batches(w, device);
+      const Tensor& input = b.held.front().first;
+      const Tensor& target = b.held.front().second;
+      Trainer::MicroLoss loss;
+      if (w.is_gpt()) {
+        auto& gpt = static_cast<GPT&>(*model);
+        loss = [&](int64_t begin, int64_t n) { return gpt.loss(narrow(input, 0, begin, n), narrow(target, 0, begin, n)); };
+      } else {
+        auto& net = static_cast<MobileNetV2&>(*model);
+        const DType pd = net.features->parameters()[0].dtype();  // bf16-pure: the images cast like vision train's
+        loss = [&, pd](int64_t begin, int64_t n) {
+          Tensor x = narrow(input, 0, begin, n);
+          return cross_entropy(net.forward(x.dtype() == pd ? x : cast(x, pd)), narrow(target, 0, begin, n));
+        };
+      }
+      trainer.step(w.batch, loss);
+      const int64_t peak = meter.end_step(), reserved = memory_stats(device).reserved.peak;
+      times.stop();
+      out.flops = flops.counts();
+      out.allocated_bytes = bytes.bytes;
+      if (steps == kUntilSteady && s >= 2 && peak == previous_peak && reserved == previous_reserved) break;
+      previous_peak = peak, previous_reserved = reserved;
+    }
+    out.memory = StepMemory::of(meter);
+    out.ms_per_step = 1e3 * times.median();
+  }
+  streams.rewind();
+  return out;
+}
+
+}  // namespace mg

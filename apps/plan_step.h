@@ -1,0 +1,64 @@
+// One training step of a workload (a GPT or MobileNetV2 configuration, a batch, the techniques)
+// run on any device through the Trainer the training commands use, measured as `memgrad bench`
+// measures a run: the allocator's peak per category over the step after a warm-up step. On meta
+// this is the planner's estimate (shapes and bytes only, milliseconds); on cpu:N the same code is
+// the measurement it must equal byte for byte (tests/apps/test_plan_step.cpp).
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "apps/step_meters.h"
+#include "apps/technique_options.h"
+#include "core/flop_counter.h"
+#include "apps/training_loop.h"
+#include "models/gpt.h"
+#include "models/mobilenet_v2.h"
+
+namespace mg {
+
+struct PlanWorkload {
+  std::string name = "custom";                   // the named configuration, for tables
+  std::optional<GPTConfig> gpt{};                // exactly one of gpt / mobilenet
+  std::optional<MobileNetV2Config> mobilenet{};
+  int64_t batch = 0;                             // examples per step (GPT: sequences of gpt->context tokens)
+  OptimizerKind optimizer = OptimizerKind::adamw;
+  double grad_clip = 0.0;                        // the command's default (GPT 1.0, vision 0)
+  // Batches the data loader holds beyond the one in use (its prefetch queue): their input bytes
+  // are live for the whole step.
+  int64_t prefetch = 0;
+
+  // "gpt-mini", "gpt-small", "gpt2-124m", "mobilenetv2-32", "mobilenetv2-224" with batch 0 for the
+  // workload's (DESIGN.md: 8 for GPT, 64 for mobilenetv2-32, 32 for mobilenetv2-224) and the
+  // training commands' defaults for optimizer, clipping and prefetch; an unknown name is an error
+  // listing the known ones.
+  static PlanWorkload named(const std::string& model, int64_t batch = 0);
+  bool is_gpt() const { return gpt.has_value(); }
+  int64_t num_parameters() const;                 // from the configuration, without building it
+  int64_t items_per_step() const;                 // tokens or images
+};
+
+// What one measured step did: its memory (steady state over the steps after the first), the
+// FLOPs its ops reported and the bytes it allocated (the last step's, on the device and the
+// offload target), and the median wall-clock time of the steps after the first.
+struct StepMeasurement {
+  StepMemory memory{};
+  FlopCounts flops{};
+  int64_t allocated_bytes = 0;
+  double ms_per_step = 0.0;  // meaningless on meta (no arithmetic)
+};
+
+// measure_step's `steps` for "until the peak is steady" (Note [Steady state] in plan_step.cpp).
+inline constexpr int kUntilSteady = 0;
+inline constexpr int kMaxSteadySteps = 8;
+
+// Runs `steps` (>= 2, or kUntilSteady) Trainer steps of `w` under `t` on `device` in a fresh pool (the cache
+// emptied, peaks reset). The offload target of `t` becomes meta:(device.index + 1) when `device`
+// is meta. With `memory_limit` > 0 the device has that budget during the steps (an allocation past
+// it throws OutOfMemoryError, as in a run with --memory-limit); the previous limit is put back.
+// Leaves the default and dropout generators where they were.
+StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device,
+                             int steps = kUntilSteady,
+                             int64_t memory_limit = 0);
+
+}  // namespace mg

@@ -1,0 +1,123 @@
+// memgrad plan: the meta rows equal the same steps run on cpu:0 (--verify), "fits" agrees with
+// running under the budget, the recommendation is the fastest estimate that fits, and bad input
+// (a budget below the parameters, unknown models and techniques) gets a clear error.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+
+#include "apps/plan.h"
+#include "core/error.h"
+
+using namespace mg;
+
+namespace {
+
+// Every test process shares one calibration, cached in the temp folder (never the user's home).
+void use_test_cache() {
+  const auto dir = std::filesystem::temp_directory_path() / "memgrad-test-cache";
+  ::setenv("MG_CACHE_DIR", dir.c_str(), 1);
+}
+
+PlanWorkload tiny_gpt() {
+  PlanWorkload w;
+  w.name = "tiny-gpt";
+  w.gpt = GPTConfig{.vocab_size = 64, .context = 16, .n_layer = 2, .n_head = 2, .d_model = 32, .dropout = 0.1};
+  w.batch = 4;
+  w.grad_clip = 1.0;
+  w.prefetch = 2;
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("plan: every row's meta peak equals the step run on cpu:0, and fits agrees with a budgeted run", "[plan][apps]") {
+  use_test_cache();
+  PlanOptions o;
+  o.workload = tiny_gpt();
+  o.techniques = "none,ckpt,bf16,bf16pure+accum2,ckpt-sqrt+offload,selective+accum4";
+  o.verify = true;
+  // Unbounded first: every row fits, and measured peaks equal the estimates byte for byte.
+  Plan all = make_plan(o);
+  REQUIRE(all.rows.size() == 6);
+  int64_t lo = all.rows.front().memory.peak, hi = lo;
+  for (const PlanRow& r : all.rows) {
+    INFO(r.combination.name);
+    REQUIRE(r.measured.has_value());
+    CHECK(r.fits);
+    CHECK(r.measured->peak == r.memory.peak);
+    for (MemoryCategory c : kAllMemoryCategories) CHECK(r.measured->category[size_t(c)] == r.memory.category[size_t(c)]);
+    CHECK(r.estimated_ms > 0);
+    CHECK(r.flops.total() > 0);
+    lo = std::min(lo, r.memory.peak), hi = std::max(hi, r.memory.peak);
+  }
+  REQUIRE(all.recommended >= 0);
+  for (const PlanRow& r : all.rows) CHECK(all.rows[size_t(all.recommended)].estimated_ms <= r.estimated_ms);
+  // A budget between the smallest and the largest peak: some fit, some do not, and each verdict
+  // is what a run under that budget on cpu:0 does.
+  o.memory_limit = std::to_string((lo + hi) / 2);
+  Plan some = make_plan(o);
+  int fit = 0;
+  for (const PlanRow& r : some.rows) {
+    INFO(r.combination.name << " peak " << r.memory.peak << " reserved " << r.memory.reserved);
+    CHECK(r.fits == r.measured_fits);
+    fit += r.fits;
+  }
+  CHECK(fit > 0);
+  CHECK(fit < int(some.rows.size()));
+  REQUIRE(some.recommended >= 0);
+  CHECK(some.rows[size_t(some.recommended)].fits);
+  const nlohmann::json j = some.to_json();
+  REQUIRE(j.size() == some.rows.size());
+  for (size_t i = 0; i < j.size(); ++i) {
+    for (const char* key : {"combination", "peak_bytes", "peak_activation_bytes", "peak_parameter_bytes", "fits",
+                            "ms_per_step"})
+      CHECK(j[i].contains(key));
+    CHECK(j[i].contains("measured_peak_bytes") == some.rows[i].fits);  // the rest ran out of memory
+  }
+  CHECK(some.table().find("recommended (*): ") != std::string::npos);
+}
+
+TEST_CASE("plan: a budget below the parameters alone names the minimum and what lowers it", "[plan][apps]") {
+  use_test_cache();
+  PlanOptions o;
+  o.workload = tiny_gpt();
+  o.techniques = "none,bf16pure";
+  o.memory_limit = "1KiB";
+  try {
+    make_plan(o);
+    FAIL("no error");
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    CHECK(m.find("below the parameters alone") != std::string::npos);
+    CHECK(m.find("the least any candidate needs is") != std::string::npos);
+    CHECK(m.find("bf16pure") != std::string::npos);
+  }
+}
+
+TEST_CASE("plan: unknown models, techniques and devices are clear errors", "[plan][apps]") {
+  use_test_cache();
+  PlanOptions o;
+  o.model = "gpt-huge";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("unknown model 'gpt-huge'") && Catch::Contains("gpt2-124m"));
+  o.model = "gpt-mini";
+  o.techniques = "ckpt+zip";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("unknown technique 'zip'"));
+  o.techniques = "accum3";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("does not divide"));
+  o.techniques = "";
+  o.device = "cuda:0";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("plans are for cpu:N"));
+  o.device = "cpu:0";
+  o.memory_limit = "lots";
+  CHECK_THROWS(make_plan(o));
+}
+
+TEST_CASE("plan: the default candidates cover every policy, precision and accumulation that divides the batch", "[plan][apps]") {
+  const std::string d = default_candidates(8);
+  for (const char* c : {"none,", "ckpt,", "ckpt-sqrt+bf16pure+accum4", "selective+bf16+accum4", "offload", "ckpt+offload"})
+    CHECK(d.find(c) != std::string::npos);
+  CHECK(default_candidates(6).find("accum4") == std::string::npos);
+  CHECK(default_candidates(6).find("bf16+accum2") != std::string::npos);
+  CHECK(parse_combinations(d, 8, kCPU).size() == 4 * 3 * 2 + 2);
+}
