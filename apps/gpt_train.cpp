@@ -26,6 +26,7 @@
 #include "ops/ops.h"
 #include "optim/optim.h"
 #include "optim/trainer.h"
+#include "parallel/tensor_parallel.h"
 
 namespace mg {
 
@@ -339,7 +340,18 @@ GptSampleResult gpt_sample(const GptSampleOptions& o) {
   Generator scratch(0);  // initial values are overwritten by the checkpoint
   GPT model(cfg, {.gen = &scratch, .device = device});
   apply_precision(model, TechniqueOptions{}.from_config(config).precision);
-  run.load_weights(model);
+  const ModelParallelOptions split = ModelParallelOptions::from_json(config.value("model_parallel", nlohmann::json()));
+  if (split.split && split.split->kind == SplitSpec::Kind::tensor) {
+    // The checkpoint holds the shards: load them into a split twin, then gather them here.
+    Generator scratch_tp(0);
+    GPT sharded(cfg, {.gen = &scratch_tp, .device = split.devices.front()});
+    apply_precision(sharded, TechniqueOptions{}.from_config(config).precision);
+    apply_tensor_parallel(sharded, split.devices);
+    run.load_weights(sharded);
+    model.load_state_dict(gather_tensor_parallel(sharded, device));
+  } else {
+    run.load_weights(model);
+  }
   model.eval();
   ByteTokenizer tok;
   std::vector<uint32_t> encoded = tok.encode(o.prompt);

@@ -24,8 +24,8 @@ inline std::vector<CLI::Option*> add_model_parallel_flags(CLI::App* cmd, ModelPa
       cmd->add_option_function<std::string>(
           "--split", [&p](const std::string& s) { p.split = parse_flag("--split", s, SplitSpec::parse); },
           "how to cut the model over --devices: attention-mlp (GPT: attention on the first device, feed-forward on "
-          "the second), stages:K (K equal groups of blocks) or balanced (cut points that equalise the per-device "
-          "peaks measured on meta)"),
+          "the second), stages:K (K equal groups of blocks), balanced (cut points that equalise the per-device "
+          "peaks measured on meta) or tensor (GPT: every block's heads and MLP sliced over all devices, Megatron-style)"),
       cmd->add_option_function<std::string>(
           "--placement", [&p](const std::string& s) { p.placement = parse_flag("--placement", s, Placement::parse); },
           "an explicit map of module paths to devices, e.g. 'wte,wpe,h.0-5=cpu:0;h.6-11,ln_f=cpu:1'"),

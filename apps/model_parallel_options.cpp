@@ -16,7 +16,7 @@ std::vector<Device> ModelParallelOptions::model_devices() const {
 void ModelParallelOptions::validate(const std::string& cmd, int64_t micro_batch, bool auto_fit, bool offload) const {
   MG_CHECK(!(split && placement), cmd, ": --split and --placement both say where the modules go; give one");
   MG_CHECK(devices.empty() || split, cmd, ": --devices needs --split (",
-           "attention-mlp, stages:K or balanced) to say how the model is cut over them");
+           "attention-mlp, stages:K, balanced or tensor) to say how the model is cut over them");
   if (split) MG_CHECK(devices.size() >= 2, cmd, ": --split ", split->str(), " needs --devices with at least two devices");
   if (placement)
     MG_CHECK(placement->devices().size() >= 2, cmd, ": --placement puts every module on ",
@@ -30,6 +30,8 @@ void ModelParallelOptions::validate(const std::string& cmd, int64_t micro_batch,
                             "--placement of whole blocks)");
     MG_CHECK(!(split && split->kind == SplitSpec::Kind::attention_mlp), cmd,
              ": --pipeline needs stages of whole blocks; --split attention-mlp splits every block in two");
+    MG_CHECK(!(split && split->kind == SplitSpec::Kind::tensor), cmd,
+             ": --pipeline needs stages of whole blocks; --split tensor slices every block over all devices");
     MG_CHECK(micro_batch > 0, cmd, ": --pipeline ", pipeline_name(*pipeline),
              " runs micro-batches through the stages; give --micro-batch M");
     MG_CHECK(!auto_fit, cmd, ": --pipeline does not combine with --auto-fit (the schedule is fixed before the step)");

@@ -3,23 +3,32 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "models/gpt.h"
 #include "parallel/pipeline.h"
+#include "parallel/tensor_parallel.h"
 
 namespace mg {
 
 std::optional<ModelParallelRun> place_model(const ModelParallelOptions& o, Module& model, const StepProbe& probe,
                                             const std::string& memory_limit, int64_t batch, int64_t micro_batch) {
   if (!o.active()) return std::nullopt;
+  const bool tensor = o.split && o.split->kind == SplitSpec::Kind::tensor;
+  auto* gpt = dynamic_cast<GPT*>(&model);
+  MG_CHECK(!tensor || gpt, "--split tensor slices a GPT's attention heads and MLP over the devices (this is a ",
+           model.type_name(), "; use stages:K or balanced)");
+  if (tensor) check_tensor_parallel(*gpt, o.devices);  // before any budget is set or anything moves
   Placement placement;
   BalancedPlan plan;
-  if (o.split) {
+  if (tensor) {
+    // no placement: apply_tensor_parallel slices the blocks below
+  } else if (o.split) {
     placement = split_placement(*o.split, model, o.devices, &probe, &plan);
   } else {
     placement = *o.placement;
   }
   // Budgets: a device the model is not built on gets its budget before the modules move there,
   // so the move itself is held to it; the device it is built on once the others' modules left.
-  const std::vector<Device> devices = placement.devices();
+  const std::vector<Device> devices = tensor ? o.devices : placement.devices();
   const auto limits = parse_memory_limits(memory_limit, devices);
   const std::vector<Tensor> params = model.parameters();
   const Device home = params.empty() ? kCPU : params.front().device();  // where the model was built
@@ -27,9 +36,9 @@ std::optional<ModelParallelRun> place_model(const ModelParallelOptions& o, Modul
     if (device != home) set_memory_limit(device, size_t(bytes));
   auto place = [&] {
     try {
-      return apply_placement(model, placement);
+      return tensor ? apply_tensor_parallel(*gpt, o.devices) : apply_placement(model, placement);
     } catch (const OutOfMemoryError& e) {
-      throw OutOfMemoryError(std::string(e.what()) + "\n  while placing the model: " + placement.str());
+      throw OutOfMemoryError(std::string(e.what()) + "\n  while placing the model: " + (tensor ? o.str() : placement.str()));
     }
   };
   ModelParallelRun run{.placement = place(), .devices = devices};

@@ -218,6 +218,8 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   }
   o.techniques.validate(o.batch, device);
   o.parallel.validate(kCmd, o.techniques.micro_batch, o.techniques.auto_fit, o.techniques.offload_activations.has_value());
+  MG_CHECK(!(o.parallel.split && o.parallel.split->kind == SplitSpec::Kind::tensor), kCmd,
+           ": --split tensor slices a GPT's attention heads and MLP; split MobileNetV2 with --split stages:K or balanced");
   MG_CHECK(!o.parallel.pipeline, kCmd, ": --pipeline runs GPT stages only (gpt train); split MobileNetV2 with --split "
                                    "stages:K or balanced without it");
   const int64_t size = o.input_size > 0 && !resuming ? o.input_size : cfg.input_size;

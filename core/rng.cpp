@@ -1,6 +1,8 @@
 // Generator: stream positions mapped onto Philox blocks (4 words per counter value).
 #include "core/rng.h"
 
+#include "core/generator_scope.h"
+
 #include <cmath>
 
 namespace mg {
@@ -19,7 +21,17 @@ float Generator::normal_at(uint64_t i) const {
   return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.28318530717958647692f * u2);
 }
 
+namespace {
+thread_local Generator* t_default_generator = nullptr;  // DefaultGeneratorScope's stand-in
+}  // namespace
+
+Generator* thread_default_generator() { return t_default_generator; }
+
+DefaultGeneratorScope::DefaultGeneratorScope(Generator& gen) : prev_(t_default_generator) { t_default_generator = &gen; }
+DefaultGeneratorScope::~DefaultGeneratorScope() { t_default_generator = prev_; }
+
 Generator& default_generator() {
+  if (t_default_generator) return *t_default_generator;
   static Generator g;
   return g;
 }

@@ -120,6 +120,9 @@ CausalSelfAttention::CausalSelfAttention(const GPTConfig& cfg, int64_t layer, co
   resid_dropout = register_module("resid_dropout", std::make_shared<Dropout>(cfg.dropout));
 }
 
+CausalSelfAttention::CausalSelfAttention(std::string type_name, int64_t n_head, int64_t head_size, double attn_dropout)
+    : UnaryModule(std::move(type_name)), n_head(n_head), head_size(head_size), attn_dropout(attn_dropout) {}
+
 void CausalSelfAttention::project_qkv(const Tensor& x, Tensor& q, Tensor& k, Tensor& v) {
   const int64_t B = x.size(0), T = x.size(1), HS = head_size, inner = n_head * HS;
   Tensor qkv = c_attn->forward(x);  // (B, T, 3 NH HS)
@@ -164,6 +167,8 @@ Tensor CausalSelfAttention::forward(const Tensor& x) {
 Tensor CausalSelfAttention::forward_cached(const Tensor& x, const Tensor& k_cache, const Tensor& v_cache,
                                            int64_t pos) {
   auto scope = forward_scope();
+  MG_CHECK(c_attn != nullptr, type_name(), ": no KV-cache decoding on attention split over devices (--split tensor); "
+           "sample from a single-device model");
   const int64_t T = x.size(1), context = k_cache.size(2), HS = k_cache.size(3);
   MG_CHECK(x.size(0) == 1 && pos >= 0 && pos + T <= context && (pos == 0 || T == 1),
            "CausalSelfAttention.forward_cached: expected a (1, T, C) prefill at pos 0 or one token after it, got ",

@@ -72,6 +72,11 @@ class CausalSelfAttention : public UnaryModule {
   double attn_dropout;
   bool recompute_core = false;  // selective checkpointing of scores, softmax and dropout
 
+ protected:
+  // For subclasses that hold the projections in another form (parallel/tensor_parallel.h: shards
+  // on several devices): sizes only; c_attn, c_proj and resid_dropout are left to the subclass.
+  CausalSelfAttention(std::string type_name, int64_t n_head, int64_t head_size, double attn_dropout);
+
  private:
   // x (B, T, C) -> q, k, v each (B, NH, T, HS) (views of one (B, T, 3C) tensor).
   void project_qkv(const Tensor& x, Tensor& q, Tensor& k, Tensor& v);
@@ -87,6 +92,11 @@ class MLP : public UnaryModule {
   Tensor forward(const Tensor& x) override;
   std::shared_ptr<Linear> c_fc, c_proj;
   std::shared_ptr<Dropout> dropout;
+
+ protected:
+  // For subclasses that hold the projections in another form (parallel/tensor_parallel.h):
+  // nothing registered; c_fc, c_proj and dropout are left to the subclass.
+  explicit MLP(std::string type_name) : UnaryModule(std::move(type_name)) {}
 };
 
 // x: (B, T, C) -> (B, T, C): x + attn(ln_1(x)), then + mlp(ln_2(.)).

@@ -46,6 +46,7 @@ Tensor input_zeros(const Shape& shape, DType dtype, Device d) {
 SplitSpec SplitSpec::parse(const std::string& s) {
   if (s == "attention-mlp") return {Kind::attention_mlp, 0};
   if (s == "balanced") return {Kind::balanced, 0};
+  if (s == "tensor") return {Kind::tensor, 0};
   if (s.rfind("stages:", 0) == 0) {
     int64_t k = 0;
     const std::string num = s.substr(7);
@@ -54,7 +55,7 @@ SplitSpec SplitSpec::parse(const std::string& s) {
              "': the number of stages after 'stages:' must be a positive integer");
     return {Kind::stages, k};
   }
-  MG_THROW("--split '", s, "': unknown strategy (known: attention-mlp, stages:K, balanced)");
+  MG_THROW("--split '", s, "': unknown strategy (known: attention-mlp, stages:K, balanced, tensor)");
 }
 
 std::string SplitSpec::str() const {
@@ -62,6 +63,7 @@ std::string SplitSpec::str() const {
     case Kind::attention_mlp: return "attention-mlp";
     case Kind::stages: return "stages:" + std::to_string(stages);
     case Kind::balanced: return "balanced";
+    case Kind::tensor: return "tensor";
   }
   return "?";
 }
@@ -309,6 +311,10 @@ Placement split_placement(const SplitSpec& spec, Module& model, const std::vecto
       if (plan) *plan = std::move(p);
       return out;
     }
+    case SplitSpec::Kind::tensor:
+      MG_CHECK(layout.model == "GPT", "--split tensor slices a GPT's attention heads and MLP over the devices (this is a ",
+               layout.model, "; use stages:K or balanced)");
+      MG_THROW("split_placement: --split tensor is not a placement; apply it with apply_tensor_parallel");
   }
   MG_THROW("split_placement: unknown strategy");
 }

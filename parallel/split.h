@@ -2,7 +2,8 @@
 // attention (ln_1 + attn) on the first device and its feed-forward (ln_2 + mlp) on the second;
 // stages:K cuts the blocks into K contiguous groups of equal count; balanced chooses the cut
 // points so that the per-device peaks (parameters + gradients + optimizer state + activations)
-// measured by running two training steps on meta:1..meta:K are as equal as possible.
+// measured by running two training steps on meta:1..meta:K are as equal as possible; tensor slices
+// every GPT block's projections over all devices (parallel/tensor_parallel.h; not a placement).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -20,10 +21,10 @@
 namespace mg {
 
 struct SplitSpec {
-  enum class Kind { attention_mlp, stages, balanced };
+  enum class Kind { attention_mlp, stages, balanced, tensor };
   Kind kind = Kind::balanced;
   int64_t stages = 0;  // stages:K only
-  // "attention-mlp", "stages:K", "balanced"; an error listing them otherwise.
+  // "attention-mlp", "stages:K", "balanced", "tensor"; an error listing them otherwise.
   static SplitSpec parse(const std::string& s);
   std::string str() const;
 };
@@ -70,7 +71,8 @@ BalancedPlan plan_balanced(const StepProbe& probe, const std::vector<Device>& de
 
 // The placement `spec` gives for `model` over `devices` (balanced needs the probe; *plan, when
 // given, receives its search). Errors: a device listed twice, a split that needs another
-// number of devices, more stages than blocks, attention-mlp on a model that is not a GPT.
+// number of devices, more stages than blocks, attention-mlp on a model that is not a GPT, tensor
+// (which is applied by apply_tensor_parallel, not as a placement).
 Placement split_placement(const SplitSpec& spec, Module& model, const std::vector<Device>& devices,
                           const StepProbe* probe = nullptr, BalancedPlan* plan = nullptr);
 

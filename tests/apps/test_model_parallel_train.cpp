@@ -95,6 +95,48 @@ TEST_CASE("gpt train --split: every split and both pipelines give the single-dev
   CHECK(with_dropout[0] == with_dropout[1]);
 }
 
+TEST_CASE("gpt train --split tensor: single-device losses, half the block weights per device, exact resume",
+          "[apps][parallel]") {
+  DataTempDir tmp("mp_gpt_tensor");
+  const std::string data = write_tiny_token_file(tmp);
+  GptTrainOptions one = tiny_gpt_options(data, tmp.file("one"));
+  one.model->dropout = 0.0;  // attention dropout draws its masks per device (Note in parallel/tensor_parallel.h)
+  const std::vector<std::string> want = losses(gpt_train(one).run_dir);
+  GptTrainOptions o = one;
+  o.out = tmp.file("tensor");
+  o.parallel = split_over("tensor", "cpu:3,cpu:4");
+  const GptTrainResult r = gpt_train(o);
+  const std::vector<std::string> got = losses(r.run_dir);
+  REQUIRE(got.size() == want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("step " << i << ": " << got[i] << " vs " << want[i]);
+    CHECK(std::abs(std::stod(got[i]) - std::stod(want[i])) <= 2e-6 * std::abs(std::stod(want[i])));
+  }
+  REQUIRE(r.device_peaks.size() == 2);
+  // cpu:4 holds half of every block's projection weights (4 x (3C^2 + C^2 + 8C^2) / 2 + biases),
+  // cpu:3 the other half plus the embeddings, the LayerNorms and the c_proj biases.
+  const int64_t C = 32, half = 4 * (12 * C * C + 3 * C + 4 * C) / 2 * 4;  // bytes, f32
+  const DevicePeak& second = r.device_peaks[1];
+  INFO("parameter bytes: " << r.device_peaks[0].of(MemoryCategory::parameter) << " / " << second.of(MemoryCategory::parameter));
+  CHECK(double(second.of(MemoryCategory::parameter)) == Approx(double(half)).epsilon(0.05));
+  CHECK(r.device_peaks[0].of(MemoryCategory::parameter) > second.of(MemoryCategory::parameter));
+  CHECK(second.of(MemoryCategory::optimizer_state) > 0);
+  // gpt sample gathers the shards into one model.
+  const GptSampleResult s = gpt_sample({.run = r.run_dir, .prompt = "ab", .tokens = 6, .temperature = 0.0});
+  CHECK(s.continuation.size() == 6);
+
+  GptTrainOptions first = o;  // config.json keeps the split; the checkpoint holds the shards
+  first.out = tmp.file("part");
+  first.stop_after = 3;
+  gpt_train(first);
+  GptTrainOptions resume;
+  resume.resume = tmp.file("part");
+  resume.progress = ProgressStyle::none;
+  const GptTrainResult rest = gpt_train(resume);
+  CHECK(rest.first_step == 2);
+  CHECK(losses(rest.run_dir) == got);
+}
+
 TEST_CASE("gpt train: a model over one device's budget trains when split over two such budgets", "[apps][parallel]") {
   DataTempDir tmp("mp_gpt_budget");
   const std::string data = write_tiny_token_file(tmp);
@@ -179,6 +221,9 @@ TEST_CASE("vision train --split: stages and balanced give the single-device loss
     CHECK(r.test_accuracy == one.test_accuracy);
     CHECK(r.device_peaks.size() == 2);
   }
+  VisionTrainOptions o = options("tensor");
+  o.parallel = split_over("tensor", "cpu:3,cpu:4");
+  CHECK_THROWS_WITH(vision_train(o), Catch::Contains("--split tensor slices a GPT's attention heads and MLP"));
 }
 
 TEST_CASE("model parallel flags: bad combinations give one clear error before any work", "[apps][parallel]") {
@@ -208,5 +253,9 @@ TEST_CASE("model parallel flags: bad combinations give one clear error before an
                     Catch::Contains("--split and --placement"));
   CHECK_THROWS_WITH(gpt({"--devices", "cpu:3,meta", "--split", "stages:2"}), Catch::Contains("meta"));
   CHECK_THROWS_WITH(gpt({"--print-schedule"}), Catch::Contains("--print-schedule needs --pipeline"));
+  CHECK_THROWS_WITH(gpt({"--devices", "cpu:3,cpu:4,cpu:5", "--split", "tensor"}),  // gpt-mini: 4 heads
+                    Catch::Contains("layer 0 has 4 attention heads, not divisible by 3 devices"));
+  CHECK_THROWS_WITH(gpt({"--devices", "cpu:3,cpu:4", "--split", "tensor", "--pipeline", "1f1b", "--micro-batch", "2"}),
+                    Catch::Contains("--split tensor slices every block"));
   CHECK_FALSE(std::filesystem::exists(RunDir(out).file("checkpoint")));
 }

@@ -5,7 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
+#include "autograd/autocast.h"
+#include "core/fault_injection.h"
 #include "parallel/pipeline.h"
 #include "parallel/split.h"
 #include "parallel_test_util.h"
@@ -137,4 +140,80 @@ TEST_CASE("pipeline: 1F1B holds fewer micro-batches' activations on stage 0 than
   INFO("stage 0 activation peak: gpipe " << gpipe << " B, 1f1b " << one << " B");
   CHECK(gpipe > 0);
   CHECK(double(one) <= double(gpipe) * double(p) / double(M));
+}
+
+TEST_CASE("pipeline: a worker per stage gives the bits of the sequential execution", "[parallel]") {
+  const Device a("cpu:3"), b("cpu:4"), c("cpu:5");
+  const int64_t B = 6, T = 12, micro = 1;
+  const Tensor idx = test::random_tokens(B, T, 40, 31, a), tgt = test::random_tokens(B, T, 40, 32, a);
+  struct Case {
+    std::vector<Device> devices;
+    std::vector<int64_t> counts;
+    const char* checkpoint;
+    bool bf16;
+  };
+  // Dropout on everywhere; three stages make the tied wte's two stages run in parallel; selective
+  // checkpointing replays dropout in backward; autocast must reach the workers.
+  for (const Case& k : {Case{{a, b}, {2, 2}, "none", false}, Case{{a, b, c}, {2, 1, 1}, "selective", false},
+                        Case{{a, b, c}, {1, 1, 2}, "blocks", true}}) {
+    for (auto kind : {PipelineKind::gpipe, PipelineKind::one_f_one_b}) {
+      INFO(pipeline_name(kind) << " over " << k.devices.size() << " stages, checkpoint " << k.checkpoint << (k.bf16 ? ", bf16" : ""));
+      auto run = [&](PipelineExecution exec) {
+        auto gpt = test::tiny_gpt(a);
+        gpt->set_checkpoint(CheckpointPolicy::parse(k.checkpoint));
+        apply_placement(*gpt, stages_placement(model_layout(*gpt), k.devices, k.counts));
+        manual_seed(9);
+        const int64_t M = num_micro_batches(B, micro);
+        std::optional<AutocastGuard> amp;
+        if (k.bf16) amp.emplace(DType::bf16);
+        const double loss = run_pipeline(make_schedule(kind, int64_t(k.devices.size()), M),
+                                         gpt_pipeline_stages(*gpt, k.counts, idx, tgt, micro), B, micro, exec);
+        amp.reset();
+        const uint64_t offset = default_generator().offset();
+        test::StepResult r = test::collect(*gpt, scalar_tensor(loss));
+        return std::make_pair(r, offset);
+      };
+      const auto [want, want_offset] = run(PipelineExecution::sequential);
+      for (int repeat = 0; repeat < 2; ++repeat) {  // workers' timing differs run to run; the bits do not
+        const auto [got, got_offset] = run(PipelineExecution::workers);
+        CHECK(got_offset == want_offset);
+        test::check_identical(got, want);
+      }
+    }
+  }
+}
+
+TEST_CASE("pipeline: a worker's out-of-memory stops every worker and reaches the caller", "[parallel]") {
+  const Device a("cpu:3"), b("cpu:4");
+  auto gpt = test::tiny_gpt(a);
+  apply_placement(*gpt, stages_placement(model_layout(*gpt), {a, b}, {2, 2}));
+  const Tensor idx = test::random_tokens(4, 16, 40, 1, a), tgt = test::random_tokens(4, 16, 40, 2, a);
+  auto run = [&] {
+    manual_seed(3);  // the same dropout masks every time
+    return run_pipeline(make_schedule(PipelineKind::one_f_one_b, 2, 4), gpt_pipeline_stages(*gpt, {2, 2}, idx, tgt, 1), 4, 1);
+  };
+  const double want = run();
+  gpt->zero_grad();
+  const int64_t before_a = memory_stats(a).allocated.current, before_b = memory_stats(b).allocated.current;
+  int64_t events = 0;
+  {
+    FaultGuard count(FaultSite::allocation, INT64_MAX);
+    run();
+    events = fault_events(FaultSite::allocation);
+  }
+  gpt->zero_grad();
+  REQUIRE(events > 20);
+  // The nth allocation fails, on whichever worker makes it: the error reaches the caller, the
+  // other worker stops waiting, and the step's memory is all given back.
+  for (int64_t n : {int64_t(1), events / 7, events / 3, events / 2, events - 5}) {
+    INFO("allocation " << n << " of " << events << " fails");
+    {
+      FaultGuard fail(FaultSite::allocation, n);
+      CHECK_THROWS_AS(run(), OutOfMemoryError);
+    }
+    gpt->zero_grad();
+    CHECK(memory_stats(a).allocated.current == before_a);
+    CHECK(memory_stats(b).allocated.current == before_b);
+  }
+  CHECK(run() == want);  // and the pipeline runs as before
 }

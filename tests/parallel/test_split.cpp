@@ -46,7 +46,10 @@ TEST_CASE("split: strategies and device lists parse, bad ones name the problem",
   CHECK(SplitSpec::parse("stages:3").str() == "stages:3");
   CHECK(SplitSpec::parse("balanced").kind == SplitSpec::Kind::balanced);
   CHECK_THROWS_WITH(SplitSpec::parse("stages:0"), Catch::Contains("must be a positive integer"));
-  CHECK_THROWS_WITH(SplitSpec::parse("tensor-ish"), Catch::Contains("unknown strategy (known: attention-mlp, stages:K, balanced)"));
+  CHECK(SplitSpec::parse("tensor").kind == SplitSpec::Kind::tensor);
+  CHECK(SplitSpec::parse("tensor").str() == "tensor");
+  CHECK_THROWS_WITH(SplitSpec::parse("tensor-ish"),
+                    Catch::Contains("unknown strategy (known: attention-mlp, stages:K, balanced, tensor)"));
   CHECK(parse_devices("cpu:0,cpu:1") == std::vector<Device>{Device("cpu:0"), Device("cpu:1")});
   CHECK_THROWS_WITH(parse_devices("cpu:0,cpu:0"), Catch::Contains("device cpu:0 is listed twice"));
   CHECK_THROWS_WITH(parse_devices("cpu:0,"), Catch::Contains("empty device name"));
