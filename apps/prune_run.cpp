@@ -157,6 +157,7 @@ nlohmann::json prune_into(const RunDir& src, const RunDir& dst, nlohmann::json c
     record["masks"] = kMasksFile;
     record["sparse_weights"] = kSparseFile;
     record["sparse_bytes"] = stored;
+    r.stored_bytes = stored;
     record["sparsity"] = r.sparsity;
     config["pruning"] = record;
     dst.write_config(config);
@@ -170,12 +171,12 @@ double quality(const RunDir& run, bool gpt) {
   return gpt ? gpt_eval({.run = run.path()}).loss : vision_eval({.run = run.path()}).accuracy;
 }
 
-BenchRow bench_one(const PruneOptions& o, const nlohmann::json& config, const std::string& dir, bool gpt) {
+BenchRow bench_one(int64_t steps, const nlohmann::json& config, const std::string& dir, bool gpt) {
   BenchOptions b;
   if (gpt) b.gpt = GPTConfig::from_json(config.at("model"));
   else b.mobilenet = MobileNetV2Config::from_json(config.at("model"));
   b.techniques = "none";
-  b.steps = o.bench_steps;
+  b.steps = steps;
   b.batch = config.at("batch").get<int64_t>();
   b.data = config.at("data").at("source").get<std::string>();
   b.out = dir;
@@ -219,7 +220,7 @@ PruneResult prune_run(const PruneOptions& o) {
   if (fs::exists(src.metrics_path())) fs::copy_file(src.metrics_path(), dst.metrics_path(), fs::copy_options::overwrite_existing);
 
   // Quality: before, right after pruning, after fine-tuning.
-  r.quality_before = quality(src, gpt);
+  if (o.evaluate_source) r.quality_before = quality(src, gpt);
   r.quality_pruned = quality(dst, gpt);
   const int64_t at = dst.read_checkpoint_state().step;
   if (o.finetune_steps > 0) {
@@ -250,8 +251,8 @@ PruneResult prune_run(const PruneOptions& o) {
     r.quality_finetuned = quality(dst, gpt);
   }
   if (o.bench_steps > 0) {
-    r.bench_before = bench_one(o, src.read_config(), dst.file("bench-unpruned"), gpt);
-    r.bench_after = bench_one(o, config, dst.file("bench-pruned"), gpt);
+    r.bench_before = bench_one(o.bench_steps, src.read_config(), dst.file("bench-unpruned"), gpt);
+    r.bench_after = bench_one(o.bench_steps, config, dst.file("bench-pruned"), gpt);
   }
   return r;
 }
@@ -296,6 +297,11 @@ std::string prune_report(const PruneResult& r) {
     s += buf;
   }
   return s;
+}
+
+BenchRow bench_pruned_run(const RunDir& run, int64_t steps, const std::string& dir) {
+  const nlohmann::json config = run.read_config();
+  return bench_one(steps, config, dir, config.value("command", "") == "gpt train");
 }
 
 std::unique_ptr<MagnitudeMask> attach_prune_masks(const RunDir& run, Module& model, Optimizer& opt) {

@@ -29,6 +29,7 @@ struct PruneOptions {
   int64_t taylor_batches = 4;        // batches of the run's training data the taylor criterion reads
   int64_t finetune_steps = 0;        // training steps after pruning (0: none)
   int64_t bench_steps = 0;           // > 0: `memgrad bench` rows (technique none) of both models
+  bool evaluate_source = true;       // measure the source run's quality too (a sweep does it once)
   ProgressStyle progress = ProgressStyle::automatic;
 };
 
@@ -40,6 +41,7 @@ struct PruneResult {
   // vs stored in model.sparse.safetensors (bitmask + values)
   double sparsity = 0.0;
   int64_t mask_bytes = 0, dense_weight_bytes = 0, sparse_weight_bytes = 0;
+  int64_t stored_bytes = 0;  // unstructured: tensor bytes of the whole model in model.sparse.safetensors
   // quality: accuracy (vision) or validation loss (gpt); NaN when not measured
   double quality_before = 0.0, quality_pruned = 0.0, quality_finetuned = 0.0;
   int64_t finetune_steps = 0;
@@ -48,6 +50,10 @@ struct PruneResult {
 
 PruneResult prune_run(const PruneOptions& options);
 std::string prune_report(const PruneResult& r);  // what `memgrad prune` prints
+
+// The `memgrad bench` row (technique none, `steps` steps, the run's batch and data) of the model
+// a run directory's config describes, trained from scratch in `dir` (removed first).
+BenchRow bench_pruned_run(const RunDir& run, int64_t steps, const std::string& dir);
 
 // When `run` was pruned by magnitude, the masks from its masks.safetensors, applied to `model`
 // now and after every step of `opt` (what the training loops call after creating the optimizer,

@@ -1,14 +1,18 @@
 // `memgrad prune` as a library call and through its command line, on tiny trained runs: a
 // structured prune writes a run every command loads (gpt sample, vision eval, train --resume)
 // with fewer parameter bytes; fine-tuning continues the run; unstructured pruning stores the
-// weights >= 3x smaller and its masks hold through fine-tuning; bad input gives clear errors.
+// weights >= 3x smaller and its masks hold through fine-tuning; a sweep writes the curve (CSV,
+// self-contained HTML) with bytes falling as the amount grows; bad input gives clear errors.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "apps/apps_test_util.h"
 #include "apps/gpt_train.h"
 #include "apps/prune_run.h"
+#include "apps/prune_sweep.h"
 #include "apps/vision_train.h"
 #include "core/safetensors.h"
 
@@ -149,4 +153,70 @@ TEST_CASE("prune command: bad input is a clear error", "[prune][apps]") {
   fails({.criterion = "taylor"}, "needs the run's training data");
   CHECK_FALSE(fs::exists(tmp.file("out") + "/checkpoint"));  // nothing half-written
   CHECK_THROWS_WITH(run_prune_cli({"prune", "--run", run}), Catch::Contains("--out is required"));
+}
+
+TEST_CASE("prune command: --sweep writes the curve as CSV and self-contained HTML", "[prune][apps]") {
+  DataTempDir tmp("prune_sweep");
+  const std::string run = tiny_gpt_run(tmp, "run");
+  const std::string out = tmp.file("sweep");
+  SweepResult r = prune_sweep({.run = run, .out = out, .target = "mlp", .finetune_steps = 1, .bench_steps = 2,
+                               .progress = ProgressStyle::none},
+                              parse_sweep("0,0.5,0.75"));
+  REQUIRE(r.points.size() == 3);
+  for (size_t i = 1; i < r.points.size(); ++i) {  // every byte count falls with the amount
+    CHECK(r.points[i].parameter_bytes < r.points[i - 1].parameter_bytes);
+    CHECK(r.points[i].train_peak < r.points[i - 1].train_peak);
+    CHECK(r.points[i].inference_peak < r.points[i - 1].inference_peak);
+  }
+  for (const SweepPoint& p : r.points) {
+    CHECK(p.inference_peak >= p.parameter_bytes);  // the weights are part of it
+    CHECK(p.train_peak > p.inference_peak);
+    CHECK(p.ms_per_step > 0.0);
+    CHECK(std::isfinite(p.quality_finetuned));
+    CHECK(RunDir(p.run_dir).read_checkpoint_state().step == 5);  // 4 trained + 1 fine-tune step
+  }
+  CHECK(RunDir(r.points[1].run_dir).read_config().at("model").at("mlp_hidden") == nlohmann::json({64, 64}));
+  std::ifstream csv(out + "/sweep.csv");
+  std::string header, line;
+  std::getline(csv, header);
+  CHECK(header.rfind("amount,method,parameters,parameter_bytes,", 0) == 0);
+  CHECK(header.find("val_loss_finetuned") != std::string::npos);
+  int rows = 0;
+  while (std::getline(csv, line)) rows += !line.empty();
+  CHECK(rows == 3);
+  std::stringstream html;
+  html << std::ifstream(out + "/sweep.html").rdbuf();
+  const std::string page = html.str();
+  for (const char* id : {"chart-params", "chart-peaks", "chart-time", "chart-quality"})
+    CHECK(page.find(id) != std::string::npos);
+  CHECK(page.find("<script") == std::string::npos);  // self-contained: nothing loaded from elsewhere
+  CHECK(page.find("<link") == std::string::npos);
+  CHECK(page.find("src=") == std::string::npos);
+  CHECK(page.find("data-value=\"") != std::string::npos);
+  CHECK(r.table().find("amount") != std::string::npos);
+
+  // The command line: the table is printed, the unstructured sweep stores fewer bytes as it goes.
+  run_prune_cli({"prune", "--run", run, "--out", tmp.file("sweep-u"), "--method", "unstructured", "--sweep", "0,0.8",
+                 "--bench-steps", "2"});
+  std::ifstream ucsv(tmp.file("sweep-u") + "/sweep.csv");
+  std::getline(ucsv, header);
+  std::vector<int64_t> stored;
+  while (std::getline(ucsv, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ls(line);
+    for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+    stored.push_back(std::stoll(cells.at(4)));
+  }
+  REQUIRE(stored.size() == 2);
+  CHECK(stored[1] * 2 < stored[0]);
+}
+
+TEST_CASE("prune command: --sweep bad input is a clear error", "[prune][apps]") {
+  CHECK_THROWS_WITH(parse_sweep("0,1"), Catch::Contains("must be in [0, 1)"));
+  CHECK_THROWS_WITH(parse_sweep("0,-0.5"), Catch::Contains("must be in [0, 1)"));
+  CHECK_THROWS_WITH(parse_sweep("0,half"), Catch::Contains("'half' is not a number"));
+  CHECK_THROWS_WITH(parse_sweep("0.5x"), Catch::Contains("is not a number"));
+  CHECK_THROWS_WITH(parse_sweep("0.5,0.5"), Catch::Contains("twice"));
+  CHECK_THROWS_WITH(parse_sweep(""), Catch::Contains("at least one amount"));
+  CHECK(parse_sweep("0,0.25,0.5,0.75") == std::vector<double>{0, 0.25, 0.5, 0.75});
 }
