@@ -31,6 +31,8 @@ void add_prune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--finetune-steps", o->finetune_steps, "training steps after pruning (continues the run)")
       ->capture_default_str();
+  cmd->add_option("--schedule", o->schedule, "unstructured: oneshot, or gradual (Zhu & Gupta's cubic sparsity ramp "
+                  "over the first 3/4 of --finetune-steps)")->capture_default_str();
   cmd->add_option("--bench-steps", o->bench_steps, "> 0: train both models this many steps; peak memory and step time")
       ->capture_default_str();
   cmd->add_option("--sweep", *sweep, "amounts, e.g. 0,0.25,0.5,0.75: prune at each into --out/amount-<a>, fine-tune, "

@@ -15,6 +15,7 @@
 #include "apps/prune_sweep.h"
 #include "apps/vision_train.h"
 #include "core/safetensors.h"
+#include "models/compress/sparse_format.h"
 
 using namespace mg;
 using namespace mg::test;
@@ -105,6 +106,40 @@ TEST_CASE("prune command: gpt unstructured stores the weights sparse and keeps t
                              .progress = ProgressStyle::none});
   CHECK(r.sparse_weight_bytes * 3 <= r.dense_weight_bytes);
   CHECK(r.parameter_bytes_after == r.parameter_bytes_before);  // dense in memory
+}
+
+TEST_CASE("prune command: gradual schedule raises the sparsity while fine-tuning and reaches the final one", "[prune][apps]") {
+  DataTempDir tmp("prune_gpt_gradual");
+  const std::string run = tiny_gpt_run(tmp, "run");
+  const std::string out = tmp.file("gradual");
+  run_prune_cli({"prune", "--run", run, "--out", out, "--method", "unstructured", "--amount", "0.8", "--schedule",
+                 "gradual", "--finetune-steps", "8"});
+  const nlohmann::json cfg = RunDir(out).read_config();
+  const GradualSchedule sched = GradualSchedule::from_json(cfg.at("pruning").at("schedule"));
+  CHECK(sched.begin == 4);
+  CHECK(sched.end == 4 + 6);
+  CHECK(sched.final == 0.8);
+  CHECK(cfg.at("pruning").at("sparsity").get<double>() == Approx(0.8).margin(1e-3));  // refreshed after fine-tuning
+  int64_t zeros = 0, total = 0;
+  for (auto& [name, t] : load_safetensors(RunDir(out).checkpoint_dir() + "/model.safetensors"))
+    if (t.dim() == 2 && name.find(".c_") != std::string::npos)
+      for (double v : t.to_double_vector()) zeros += v == 0.0, ++total;
+  CHECK(zeros == Approx(0.8 * double(total)).margin(8));
+  // The sparse file holds the fine-tuned weights (not those at the start, which were dense).
+  int64_t stored = 0;
+  NamedTensors sparse = load_sparse_safetensors(RunDir(out).file("model.sparse.safetensors"), &stored);
+  CHECK(stored == cfg.at("pruning").at("sparse_bytes").get<int64_t>());
+  for (auto& [name, t] : load_safetensors(RunDir(out).checkpoint_dir() + "/model.safetensors"))
+    for (auto& [sname, s] : sparse)
+      if (sname == name) CHECK(s.to_double_vector() == t.to_double_vector());
+
+  CHECK_THROWS_WITH(prune_run({.run = run, .out = tmp.file("g1"), .method = "unstructured", .finetune_steps = 1,
+                               .schedule = "gradual"}),
+                    Catch::Contains("--finetune-steps >= 2"));
+  CHECK_THROWS_WITH(prune_run({.run = run, .out = tmp.file("g2"), .finetune_steps = 4, .schedule = "gradual"}),
+                    Catch::Contains("use it with --method unstructured"));
+  CHECK_THROWS_WITH(prune_run({.run = run, .out = tmp.file("g3"), .schedule = "cubic"}),
+                    Catch::Contains("--schedule must be oneshot or gradual"));
 }
 
 TEST_CASE("prune command: vision structured run evaluates and fine-tunes", "[prune][apps][slow]") {
