@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "apps/gpt_train.h"
 #include "autograd/autocast.h"
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
@@ -33,15 +34,6 @@ std::string fmt(const char* f, double v) {
 }
 
 double mib(int64_t b) { return double(b) / 1048576.0; }
-
-// Peak bytes of `body` above what was allocated before it.
-template <typename F>
-int64_t peak_of(F&& body) {
-  const int64_t before = memory_stats(kHost).allocated.current;
-  reset_peak_stats(kHost);
-  body();
-  return memory_stats(kHost).allocated.peak - before;
-}
 
 }  // namespace
 
@@ -71,34 +63,37 @@ int64_t inference_peak_bytes(const RunDir& run) {
   const nlohmann::json config = run.read_config();
   const int64_t batch = config.at("batch").get<int64_t>();
   const Precision precision = TechniqueOptions{}.from_config(config).precision;
+  const int64_t before = memory_stats(kHost).allocated.current;
   Generator scratch(0);  // every value comes from the checkpoint
-  return peak_of([&] {
-    NoGradGuard no_grad;
-    AutocastGuard autocast(autocast_for(precision));
-    if (config.value("command", "") == "gpt train") {
-      GPT model(GPTConfig::from_json(config.at("model")), {.gen = &scratch, .device = kHost});
-      apply_precision(model, precision);
-      run.load_weights(model);
-      model.eval();
-      Tensor idx = [&] {
-        MemoryCategoryGuard input(MemoryCategory::input);
-        return zeros({batch, model.config().context}, {.dtype = DType::i64});  // (B, T)
-      }();
-      model.forward(idx);
-    } else {
-      MobileNetV2 model(MobileNetV2Config::from_json(config.at("model")), {.gen = &scratch, .device = kHost});
-      apply_precision(model, precision);
-      run.load_weights(model);
-      model.eval();
-      const MobileNetV2Config& c = model.config();
-      Tensor x = [&] {
-        MemoryCategoryGuard input(MemoryCategory::input);
-        return zeros({batch, c.in_channels, c.input_size, c.input_size},
-                     {.dtype = model.features->parameters()[0].dtype()});  // (B, C, S, S)
-      }();
-      model.forward(x);
-    }
-  });
+  NoGradGuard no_grad;
+  AutocastGuard autocast(autocast_for(precision));
+  // The model as the eval commands load it (a magnitude-pruned GPT with its sparse layers), then
+  // the peak of one forward above what was allocated before: the weights and the activations.
+  auto forward_peak = [&](Module& model, const Tensor& input, auto&& forward) {
+    model.eval();
+    reset_peak_stats(kHost);
+    forward(input);
+    return memory_stats(kHost).allocated.peak - before;
+  };
+  auto input = [&](const Shape& shape, DType dtype) {
+    MemoryCategoryGuard cat(MemoryCategory::input);
+    return zeros(shape, {.dtype = dtype});  // memory does not depend on the values
+  };
+  if (config.value("command", "") == "gpt train") {
+    GPT model(GPTConfig::from_json(config.at("model")), {.gen = &scratch, .device = kHost});
+    apply_precision(model, precision);
+    run.load_weights(model);
+    use_sparse_inference(config, model, false);
+    return forward_peak(model, input({batch, model.config().context}, DType::i64),  // (B, T)
+                        [&](const Tensor& x) { model.forward(x); });
+  }
+  MobileNetV2 model(MobileNetV2Config::from_json(config.at("model")), {.gen = &scratch, .device = kHost});
+  apply_precision(model, precision);
+  run.load_weights(model);
+  const MobileNetV2Config& c = model.config();
+  return forward_peak(model, input({batch, c.in_channels, c.input_size, c.input_size},  // (B, C, S, S)
+                                   model.features->parameters()[0].dtype()),
+                      [&](const Tensor& x) { model.forward(x); });
 }
 
 SweepResult prune_sweep(const PruneOptions& o, const std::vector<double>& amounts) {

@@ -25,6 +25,7 @@ struct SweepPoint {
   int64_t train_peak = 0;           // bench row: peak allocated bytes of a training step
   double ms_per_step = 0.0;         // bench row: median step time
   int64_t inference_peak = 0;       // peak allocated bytes of a no-grad forward of one batch, weights included
+                                    // (unstructured GPT: sparse layers where sparse enough)
   double quality_pruned = 0.0, quality_finetuned = 0.0;  // accuracy (vision) or val loss (gpt); NaN if not measured
 };
 
@@ -45,8 +46,9 @@ SweepResult prune_sweep(const PruneOptions& options, const std::vector<double>& 
 void write_sweep_csv(const SweepResult& r, const std::string& path);
 void write_sweep_html(const SweepResult& r, const std::string& path);
 
-// Peak allocated bytes on the host of building `run`'s model, loading its weights and one no-grad
-// eval-mode forward of a batch of the run's batch size (zeros: memory does not depend on values).
+// Peak allocated bytes on the host of one no-grad eval-mode forward of a batch of the run's batch
+// size, with the model loaded as the eval commands load it (a magnitude-pruned GPT with its sparse
+// layers), its weights included (not the loading's transient).
 int64_t inference_peak_bytes(const RunDir& run);
 
 }  // namespace mg

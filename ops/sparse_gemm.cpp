@@ -184,7 +184,7 @@ Tensor bitmask_row_offsets(const Tensor& bits, int64_t rows, int64_t cols) {
            "bitmask_row_offsets: expected contiguous cpu u8 bits");
   MG_CHECK(rows >= 0 && cols >= 0 && bits.numel() >= (rows * cols + 7) / 8, "bitmask_row_offsets: ", bits.numel(),
            " bytes of bits cannot hold a (", rows, ", ", cols, ") matrix");
-  Tensor off = empty({rows + 1}, {.dtype = DType::i64});
+  Tensor off = empty({rows + 1}, {.dtype = DType::i64, .device = bits.device()});
   int64_t* o = off.data<int64_t>();
   const uint8_t* b = bits.data<uint8_t>();
   o[0] = 0;
@@ -207,6 +207,8 @@ Tensor bitmask_linear(const Tensor& x, const Tensor& bits, const Tensor& values,
            "gradient\n  hint: run under NoGradGuard, or train the dense model with its masks");
   MG_CHECK(x.dim() >= 1, op, ": the input needs at least 1 dimension");
   const int64_t K = x.size(-1);
+  for (const Tensor* t : {&bits, &values, &row_offsets, &bias})
+    if (t->defined()) check_same_device(op, x, *t);
   MG_CHECK(bits.defined() && bits.device().is_cpu() && bits.is_contiguous() && bits.dtype() == DType::u8 &&
                bits.numel() >= (N * K + 7) / 8,
            op, ": the bitmask must be contiguous cpu u8 of >= ", (N * K + 7) / 8, " bytes for a (", N, ", ", K,
@@ -228,15 +230,15 @@ Tensor bitmask_linear(const Tensor& x, const Tensor& bits, const Tensor& values,
   OpNameGuard name(op);
   Shape shape = x.shape();
   shape.back() = N;
-  Tensor out = empty(shape, {.dtype = DType::f32});  // (..., N)
+  Tensor out = empty(shape, {.dtype = DType::f32, .device = x.device()});  // (..., N)
   const int64_t M = K > 0 ? x.numel() / K : 0, Mp = (M + kPad - 1) / kPad * kPad;
   if (out.numel() == 0) return out;
   Tensor xc = contiguous(x.detach());
   Tensor xt, yt;
   {
     MemoryCategoryGuard ws(MemoryCategory::workspace);
-    xt = empty({std::max<int64_t>(K, 1), Mp});  // (K, Mp): X^T
-    yt = empty({N, Mp});                        // (N, Mp): Y^T
+    xt = empty({std::max<int64_t>(K, 1), Mp}, {.device = x.device()});  // (K, Mp): X^T
+    yt = empty({N, Mp}, {.device = x.device()});                        // (N, Mp): Y^T
   }
   // X^T in 16 x 16 blocks (a row at a time would touch a new page for every element); the
   // padding columns zero.

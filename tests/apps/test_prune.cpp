@@ -106,6 +106,17 @@ TEST_CASE("prune command: gpt unstructured stores the weights sparse and keeps t
                              .progress = ProgressStyle::none});
   CHECK(r.sparse_weight_bytes * 3 <= r.dense_weight_bytes);
   CHECK(r.parameter_bytes_after == r.parameter_bytes_before);  // dense in memory
+
+  // Loaded for inference, its block Linears run sparse: the same loss, fewer weight bytes.
+  const GptEvalResult sparse = gpt_eval({.run = r.out_dir});
+  const GptEvalResult dense = gpt_eval({.run = r.out_dir, .dense = true});
+  CHECK(sparse.sparse_layers == 8);  // 2 blocks x (c_attn, attn c_proj, c_fc, mlp c_proj)
+  CHECK(dense.sparse_layers == 0);
+  CHECK(sparse.loss == Approx(dense.loss).epsilon(1e-5));
+  CHECK(sparse.weight_bytes < dense.weight_bytes);
+  CHECK(gpt_eval({.run = run}).sparse_layers == 0);  // an unpruned run stays dense
+  CHECK(gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0}).continuation ==
+        gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0, .dense = true}).continuation);
 }
 
 TEST_CASE("prune command: gradual schedule raises the sparsity while fine-tuning and reaches the final one", "[prune][apps]") {
