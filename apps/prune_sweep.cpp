@@ -276,7 +276,8 @@ void write_sweep_html(const SweepResult& r, const std::string& path) {
   f << "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>memgrad prune sweep</title></head>\n"
        "<body style=\"font-family:sans-serif\">\n<h1>memgrad prune sweep: "
     << html_escape(r.kind + ", " + r.method) << "</h1>\n<p>" << r.finetune_steps
-    << " fine-tune steps per amount; bytes are the allocator's peak allocated (MiB); step time is the median of a "
+    << " fine-tune steps per amount; bytes (MiB) are the allocator's: parameter and stored bytes, the peak "
+       "allocated of a training step and of an inference forward; step time is the median of a "
     << r.bench_steps << "-step bench (technique none); quality after the fine-tune.</p>\n";
   f << line_chart("chart-params", "parameter bytes (MiB)", x, {param, stored});
   f << line_chart("chart-peaks", "peak allocated (MiB)", x, {train, infer});
