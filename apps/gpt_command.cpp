@@ -79,6 +79,7 @@ void add_gpt_command(CLI::App& app) {
       ->capture_default_str();
   sample->add_option("--seed", s->seed, "sampling seed")->capture_default_str();
   sample->add_option("--device", s->device, "device, e.g. cpu:0")->capture_default_str();
+  sample->add_flag("--dense", s->dense, "a run pruned by magnitude: use the dense GEMM instead of the sparse kernel");
   sample->callback([s] {
     GptSampleResult r = gpt_sample(*s);
     std::printf("%s\n", r.text.c_str());
@@ -93,10 +94,14 @@ void add_gpt_command(CLI::App& app) {
   eval->add_option("--windows", e->windows, "windows of context tokens to evaluate (default: the run's)");
   eval->add_option("--batch", e->batch, "windows per batch (default: the run's)");
   eval->add_option("--device", e->device, "device, e.g. cpu:0")->capture_default_str();
+  eval->add_flag("--dense", e->dense, "a run pruned by magnitude: use the dense GEMM instead of the sparse kernel");
   eval->callback([e] {
     GptEvalResult r = gpt_eval(*e);
-    std::printf("gpt eval: %s  val loss %.4f  perplexity %.3f  (%lld windows, %lld tokens)  %.0f tokens/s\n",
-                e->run.c_str(), r.loss, r.perplexity, (long long)r.windows, (long long)r.tokens, r.tokens_per_s);
+    std::printf("gpt eval: %s  val loss %.4f  perplexity %.3f  (%lld windows, %lld tokens)  %.0f tokens/s  "
+                "weights %.2f MiB%s\n",
+                e->run.c_str(), r.loss, r.perplexity, (long long)r.windows, (long long)r.tokens, r.tokens_per_s,
+                double(r.weight_bytes) / 1048576.0,
+                r.sparse_layers ? (", " + std::to_string(r.sparse_layers) + " sparse layers").c_str() : "");
   });
 }
 

@@ -23,6 +23,8 @@
 #include "data/token_file.h"
 #include "data/token_window_dataset.h"
 #include "data/tokenizer.h"
+#include "models/compress/quant_convert.h"
+#include "models/compress/sparse_linear.h"
 #include "ops/ops.h"
 #include "optim/optim.h"
 #include "optim/trainer.h"
@@ -311,8 +313,10 @@ GptEvalResult gpt_eval(const GptEvalOptions& o) {
   const Precision precision = TechniqueOptions{}.from_config(config).precision;
   apply_precision(model, precision);
   run.load_weights(model);
-  const auto t0 = std::chrono::steady_clock::now();
   GptEvalResult r;
+  r.sparse_layers = use_sparse_inference(config, model, o.dense);
+  r.weight_bytes = weight_bytes(model);
+  const auto t0 = std::chrono::steady_clock::now();
   r.loss = validation_loss(model, val, batch, device, precision);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   r.perplexity = std::exp(r.loss);
@@ -320,6 +324,13 @@ GptEvalResult gpt_eval(const GptEvalOptions& o) {
   r.tokens = r.windows * cfg.context;
   r.tokens_per_s = secs > 0 ? double(r.tokens) / secs : 0.0;
   return r;
+}
+
+int64_t use_sparse_inference(const nlohmann::json& config, GPT& model, bool dense) {
+  if (dense || !config.contains("pruning") || !config["pruning"].contains("sparse_weights")) return 0;
+  const Tensor& w = model.h->at<Block>(0)->mlp->c_fc->weight;
+  if (!w.defined() || !w.device().is_cpu() || w.dtype() != DType::f32) return 0;  // the kernel is f32 on the host
+  return sparsify_gpt(model).sparse;
 }
 
 GptSampleResult gpt_sample(const GptSampleOptions& o) {
@@ -352,6 +363,7 @@ GptSampleResult gpt_sample(const GptSampleOptions& o) {
   } else {
     run.load_weights(model);
   }
+  use_sparse_inference(config, model, o.dense);
   model.eval();
   ByteTokenizer tok;
   std::vector<uint32_t> encoded = tok.encode(o.prompt);

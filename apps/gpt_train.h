@@ -52,6 +52,7 @@ struct GptSampleOptions {
   double top_p = 1.0;            // nucleus sampling; 1: all tokens
   uint64_t seed = 0;
   std::string device = "cpu:0";
+  bool dense = false;            // a run pruned by magnitude: keep the dense GEMM (no SparseLinear)
 };
 
 struct GptSampleResult {
@@ -68,6 +69,7 @@ struct GptEvalOptions {
   int64_t windows = 0;           // validation windows (0: the run's eval_windows)
   int64_t batch = 0;             // 0: the run's batch
   std::string device = "cpu:0";
+  bool dense = false;            // a run pruned by magnitude: keep the dense GEMM (no SparseLinear)
 };
 
 struct GptEvalResult {
@@ -75,9 +77,17 @@ struct GptEvalResult {
   double perplexity = 0.0;       // exp(loss)
   int64_t windows = 0, tokens = 0;
   double tokens_per_s = 0.0;
+  int64_t sparse_layers = 0;     // block Linears run by the sparse kernel (a run pruned by magnitude)
+  int64_t weight_bytes = 0;      // the model's parameters and buffers as loaded for evaluation
 };
 
 // The validation loss and perplexity of a run's latest weights.
 GptEvalResult gpt_eval(const GptEvalOptions& options);
+
+// A run pruned by magnitude (`memgrad prune --method unstructured`: its config records sparse
+// weights) is computed for inference with the sparse kernel: every block Linear at or above
+// kSparseKernelMinSparsity becomes a SparseLinear (models/compress/sparse_linear.h). Only on the
+// host in f32 and unless `dense`; returns how many layers were converted (0 for any other run).
+int64_t use_sparse_inference(const nlohmann::json& run_config, GPT& model, bool dense);
 
 }  // namespace mg

@@ -1,18 +1,21 @@
 // `memgrad prune`: the command line over apps/prune_run.h. Prunes a trained run (gpt train or
 // vision train) structurally (a smaller dense model) or by magnitude (masks, weights stored
 // sparse) into a new run directory, optionally fine-tunes and benchmarks it, and prints the
-// parameters, the allocator's parameter bytes and the quality before and after.
+// parameters, the allocator's parameter bytes and the quality before and after. With --sweep it
+// prunes at every listed amount and prints (and writes as sweep.csv / sweep.html) the curve.
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
 
 #include "apps/commands.h"
 #include "apps/prune_run.h"
+#include "apps/prune_sweep.h"
 
 namespace mg {
 
 void add_prune_command(CLI::App& app) {
   auto o = std::make_shared<PruneOptions>();
+  auto sweep = std::make_shared<std::string>();
   CLI::App* cmd = app.add_subcommand("prune", "Prune a trained run into a smaller (or sparse) run directory");
   cmd->add_option("--run", o->run, "the trained run directory (gpt train or vision train)")->required();
   cmd->add_option("--out", o->out, "the new run directory")->required();
@@ -28,9 +31,16 @@ void add_prune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--finetune-steps", o->finetune_steps, "training steps after pruning (continues the run)")
       ->capture_default_str();
+  cmd->add_option("--schedule", o->schedule, "unstructured: oneshot, or gradual (Zhu & Gupta's cubic sparsity ramp "
+                  "over the first 3/4 of --finetune-steps)")->capture_default_str();
   cmd->add_option("--bench-steps", o->bench_steps, "> 0: train both models this many steps; peak memory and step time")
       ->capture_default_str();
-  cmd->callback([o] { std::fputs(prune_report(prune_run(*o)).c_str(), stdout); });
+  cmd->add_option("--sweep", *sweep, "amounts, e.g. 0,0.25,0.5,0.75: prune at each into --out/amount-<a>, fine-tune, "
+                  "bench; writes --out/sweep.csv and sweep.html (--amount is ignored)");
+  cmd->callback([o, sweep] {
+    if (sweep->empty()) std::fputs(prune_report(prune_run(*o)).c_str(), stdout);
+    else std::fputs(prune_sweep(*o, parse_sweep(*sweep)).table().c_str(), stdout);
+  });
 }
 
 }  // namespace mg

@@ -88,6 +88,42 @@ std::vector<PruneGroup> groups_of(const MobileNetV2& m, const PruneOptions& o) {
   return mobilenet_v2_groups(m.config());
 }
 
+// Writes an unstructured run's masks.safetensors and model.sparse.safetensors from `model` (the
+// masked weights) and records their names, bytes and sparsity in `record` and `r`.
+void write_sparse_files(Module& model, const MagnitudeMask& mask, const RunDir& dst, nlohmann::json& record,
+                        PruneResult& r) {
+  r.sparsity = mask.sparsity();
+  r.mask_bytes = mask.mask_bytes();
+  NamedTensors weights = prunable_weights(model);
+  r.dense_weight_bytes = 0;
+  for (const auto& [_, w] : weights) r.dense_weight_bytes += int64_t(w.nbytes());
+  dst.create();
+  save_safetensors(dst.file(kMasksFile), mask.masks_state(), {{"format", "memgrad-magnitude-masks"}});
+  const std::string tmp = dst.file("weights.sparse.tmp");
+  r.sparse_weight_bytes = save_sparse_safetensors(tmp, weights);  // the masked weights alone, for the count
+  fs::remove(tmp);
+  r.stored_bytes = save_sparse_safetensors(dst.file(kSparseFile), model.state_dict());
+  record["masks"] = kMasksFile;
+  record["sparse_weights"] = kSparseFile;
+  record["sparse_bytes"] = r.stored_bytes;
+  record["sparsity"] = r.sparsity;
+}
+
+// After fine-tuning an unstructured run: its masks and sparse file again from the checkpoint's
+// weights (gradual pruning raised the sparsity; every schedule changed the kept weights).
+template <typename M>
+void refresh_sparse_files(const RunDir& dst, PruneResult& r) {
+  nlohmann::json config = dst.read_config();
+  Generator scratch(0);
+  M model(std::decay_t<decltype(std::declval<M>().config())>::from_json(config.at("model")),
+          {.gen = &scratch, .device = kHost});
+  apply_precision(model, TechniqueOptions{}.from_config(config).precision);
+  dst.load_weights(model);
+  const MagnitudeMask mask(model, 0.0, parse_prune_scope(config["pruning"].value("scope", "layer")));  // the zeros as they are
+  write_sparse_files(model, mask, dst, config["pruning"], r);
+  dst.write_config(config);
+}
+
 // Loads the run's model and optimizer, prunes, writes the new run. Returns the pruned config.
 template <typename M>
 nlohmann::json prune_into(const RunDir& src, const RunDir& dst, nlohmann::json config, const PruneOptions& o,
@@ -140,24 +176,18 @@ nlohmann::json prune_into(const RunDir& src, const RunDir& dst, nlohmann::json c
   } else {
     MG_CHECK(o.criterion == "l1", kCmd, ": unstructured pruning ranks single weights by magnitude (l1); --criterion ",
              o.criterion, " applies to --method structured");
-    MagnitudeMask mask(model, o.amount, parse_prune_scope(o.scope));
+    const PruneScope scope = parse_prune_scope(o.scope);
+    double amount = o.amount;
+    if (o.schedule == "gradual") {  // the masks start at the schedule's initial sparsity and rise while fine-tuning
+      const GradualSchedule sched = default_gradual_schedule(o.amount, state.step, o.finetune_steps);
+      record["schedule"] = sched.to_json();
+      amount = sched.initial;
+    }
+    MagnitudeMask mask(model, amount, scope);
     r.parameters_after = r.parameters_before;
     r.parameter_bytes_after = r.parameter_bytes_before;  // dense in memory: zeros take bytes too
-    r.sparsity = mask.sparsity();
-    r.mask_bytes = mask.mask_bytes();
-    NamedTensors weights = prunable_weights(model);
-    for (const auto& [_, w] : weights) r.dense_weight_bytes += int64_t(w.nbytes());
-    dst.create();
-    save_safetensors(dst.file(kMasksFile), mask.masks_state(), {{"format", "memgrad-magnitude-masks"}});
-    const std::string tmp = dst.file("weights.sparse.tmp");
-    r.sparse_weight_bytes = save_sparse_safetensors(tmp, weights);  // the masked weights alone, for the count
-    fs::remove(tmp);
-    const int64_t stored = save_sparse_safetensors(dst.file(kSparseFile), model.state_dict());
     record["criterion"] = "l1";
-    record["masks"] = kMasksFile;
-    record["sparse_weights"] = kSparseFile;
-    record["sparse_bytes"] = stored;
-    record["sparsity"] = r.sparsity;
+    write_sparse_files(model, mask, dst, record, r);
     config["pruning"] = record;
     dst.write_config(config);
     dst.save_checkpoint(model, *opt, state);
@@ -170,12 +200,12 @@ double quality(const RunDir& run, bool gpt) {
   return gpt ? gpt_eval({.run = run.path()}).loss : vision_eval({.run = run.path()}).accuracy;
 }
 
-BenchRow bench_one(const PruneOptions& o, const nlohmann::json& config, const std::string& dir, bool gpt) {
+BenchRow bench_one(int64_t steps, const nlohmann::json& config, const std::string& dir, bool gpt) {
   BenchOptions b;
   if (gpt) b.gpt = GPTConfig::from_json(config.at("model"));
   else b.mobilenet = MobileNetV2Config::from_json(config.at("model"));
   b.techniques = "none";
-  b.steps = o.bench_steps;
+  b.steps = steps;
   b.batch = config.at("batch").get<int64_t>();
   b.data = config.at("data").at("source").get<std::string>();
   b.out = dir;
@@ -192,6 +222,12 @@ PruneResult prune_run(const PruneOptions& o) {
   MG_CHECK(o.amount >= 0.0 && o.amount < 1.0, kCmd, ": --amount must be in [0, 1) (the fraction removed), got ",
            o.amount);
   parse_prune_scope(o.scope);
+  MG_CHECK(o.schedule == "oneshot" || o.schedule == "gradual", kCmd, ": --schedule must be oneshot or gradual, got '",
+           o.schedule, "'");
+  MG_CHECK(o.schedule == "oneshot" || o.method == "unstructured", kCmd, ": --schedule gradual raises the sparsity of "
+           "magnitude masks; use it with --method unstructured");
+  if (o.schedule == "gradual")
+    MG_CHECK(o.finetune_steps >= 2, kCmd, ": --schedule gradual prunes during fine-tuning; give --finetune-steps >= 2");
   MG_CHECK(o.finetune_steps >= 0 && o.bench_steps >= 0, kCmd, ": --finetune-steps and --bench-steps must be >= 0");
   MG_CHECK(!o.out.empty(), kCmd, ": --out is required (the new run directory)");
   RunDir src = existing_run_dir(o.run, kCmd);
@@ -219,7 +255,7 @@ PruneResult prune_run(const PruneOptions& o) {
   if (fs::exists(src.metrics_path())) fs::copy_file(src.metrics_path(), dst.metrics_path(), fs::copy_options::overwrite_existing);
 
   // Quality: before, right after pruning, after fine-tuning.
-  r.quality_before = quality(src, gpt);
+  if (o.evaluate_source) r.quality_before = quality(src, gpt);
   r.quality_pruned = quality(dst, gpt);
   const int64_t at = dst.read_checkpoint_state().step;
   if (o.finetune_steps > 0) {
@@ -247,11 +283,12 @@ PruneResult prune_run(const PruneOptions& o) {
       dst.write_config(config);
       r.finetune_steps = v.steps_done - at;
     }
+    if (o.method == "unstructured") gpt ? refresh_sparse_files<GPT>(dst, r) : refresh_sparse_files<MobileNetV2>(dst, r);
     r.quality_finetuned = quality(dst, gpt);
   }
   if (o.bench_steps > 0) {
-    r.bench_before = bench_one(o, src.read_config(), dst.file("bench-unpruned"), gpt);
-    r.bench_after = bench_one(o, config, dst.file("bench-pruned"), gpt);
+    r.bench_before = bench_one(o.bench_steps, src.read_config(), dst.file("bench-unpruned"), gpt);
+    r.bench_after = bench_one(o.bench_steps, config, dst.file("bench-pruned"), gpt);
   }
   return r;
 }
@@ -298,10 +335,16 @@ std::string prune_report(const PruneResult& r) {
   return s;
 }
 
-std::unique_ptr<MagnitudeMask> attach_prune_masks(const RunDir& run, Module& model, Optimizer& opt) {
+BenchRow bench_pruned_run(const RunDir& run, int64_t steps, const std::string& dir) {
+  const nlohmann::json config = run.read_config();
+  return bench_one(steps, config, dir, config.value("command", "") == "gpt train");
+}
+
+std::unique_ptr<MagnitudeMask> attach_prune_masks(const RunDir& run, Module& model, Optimizer& opt, int64_t step) {
   const nlohmann::json config = run.read_config();
   if (!config.contains("pruning") || !config["pruning"].contains("masks")) return nullptr;
-  const std::string path = run.file(config["pruning"]["masks"].get<std::string>());
+  const nlohmann::json& record = config["pruning"];
+  const std::string path = run.file(record["masks"].get<std::string>());
   MG_CHECK(fs::exists(path), "the pruned run '", run.path(), "' lacks its masks file '", path, "'");
   NamedTensors masks;
   {
@@ -309,7 +352,20 @@ std::unique_ptr<MagnitudeMask> attach_prune_masks(const RunDir& run, Module& mod
     masks = load_safetensors(path);
   }
   auto mask = std::make_unique<MagnitudeMask>(model, masks);
-  opt.add_post_step_hook([m = mask.get()] { m->apply(); });
+  if (!record.contains("schedule")) {
+    opt.add_post_step_hook([m = mask.get()] { m->apply(); });
+    return mask;
+  }
+  // Gradual: the sparsity the schedule wants at this step (a resumed run catches up), then after
+  // every optimizer step the masks rise on the schedule's update steps and are applied.
+  const GradualSchedule sched = GradualSchedule::from_json(record["schedule"]);
+  const PruneScope scope = parse_prune_scope(record.value("scope", "layer"));
+  mask->prune_to(sched.sparsity_at(step), scope);
+  opt.add_post_step_hook([m = mask.get(), sched, scope, t = step]() mutable {
+    ++t;
+    if (sched.updates_at(t)) m->prune_to(sched.sparsity_at(t), scope);
+    else m->apply();
+  });
   return mask;
 }
 

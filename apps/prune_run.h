@@ -13,6 +13,7 @@
 #include "apps/bench.h"
 #include "apps/progress.h"
 #include "apps/run_dir.h"
+#include "models/compress/gradual_schedule.h"
 #include "models/compress/magnitude_prune.h"
 #include "optim/optimizer.h"
 
@@ -28,7 +29,9 @@ struct PruneOptions {
   std::string target{};              // GPT: mlp (default) | heads | mlp+heads; MobileNetV2: expansion
   int64_t taylor_batches = 4;        // batches of the run's training data the taylor criterion reads
   int64_t finetune_steps = 0;        // training steps after pruning (0: none)
+  std::string schedule = "oneshot";  // unstructured: oneshot (all at once) | gradual (cubic, while fine-tuning)
   int64_t bench_steps = 0;           // > 0: `memgrad bench` rows (technique none) of both models
+  bool evaluate_source = true;       // measure the source run's quality too (a sweep does it once)
   ProgressStyle progress = ProgressStyle::automatic;
 };
 
@@ -40,6 +43,7 @@ struct PruneResult {
   // vs stored in model.sparse.safetensors (bitmask + values)
   double sparsity = 0.0;
   int64_t mask_bytes = 0, dense_weight_bytes = 0, sparse_weight_bytes = 0;
+  int64_t stored_bytes = 0;  // unstructured: tensor bytes of the whole model in model.sparse.safetensors
   // quality: accuracy (vision) or validation loss (gpt); NaN when not measured
   double quality_before = 0.0, quality_pruned = 0.0, quality_finetuned = 0.0;
   int64_t finetune_steps = 0;
@@ -49,9 +53,15 @@ struct PruneResult {
 PruneResult prune_run(const PruneOptions& options);
 std::string prune_report(const PruneResult& r);  // what `memgrad prune` prints
 
+// The `memgrad bench` row (technique none, `steps` steps, the run's batch and data) of the model
+// a run directory's config describes, trained from scratch in `dir` (removed first).
+BenchRow bench_pruned_run(const RunDir& run, int64_t steps, const std::string& dir);
+
 // When `run` was pruned by magnitude, the masks from its masks.safetensors, applied to `model`
 // now and after every step of `opt` (what the training loops call after creating the optimizer,
-// so fine-tuning and --resume keep the pruned weights at zero); nullptr otherwise.
-std::unique_ptr<MagnitudeMask> attach_prune_masks(const RunDir& run, Module& model, Optimizer& opt);
+// so fine-tuning and --resume keep the pruned weights at zero); nullptr otherwise. With a gradual
+// schedule in the run's config the masks also rise to the schedule's sparsity: at once to its
+// value at `step` (the step the run resumes at), then on its update steps.
+std::unique_ptr<MagnitudeMask> attach_prune_masks(const RunDir& run, Module& model, Optimizer& opt, int64_t step);
 
 }  // namespace mg

@@ -123,7 +123,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
     dropout_generator().manual_seed(setup.dropout_seed);
   }
   // A run pruned by magnitude (memgrad prune) keeps its pruned weights at zero after every step.
-  const auto prune_masks = setup.resuming ? attach_prune_masks(run, setup.model, *opt) : nullptr;
+  const auto prune_masks = setup.resuming ? attach_prune_masks(run, setup.model, *opt, state.step) : nullptr;
   std::vector<std::string> columns = {"step", "loss", task.eval_column, "lr", "time_s", "peak_bytes"};
   if (setup.parallel)  // a split model: each device's step peak too
     for (const Device& d : setup.parallel->devices) columns.push_back("peak_bytes@" + d.str());

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"
@@ -61,6 +62,24 @@ void prune_smallest(const NamedTensors& weights, const Tensor& mag, int64_t remo
   }
 }
 
+// Zeroes the smallest |w| of `weights` until floor(amount * n) are zero, per layer or over all.
+// Zeros count as the smallest, so weights pruned before stay pruned.
+void prune_weights(const NamedTensors& weights, double amount, PruneScope scope) {
+  MG_CHECK(amount >= 0.0 && amount < 1.0, "prune: --amount must be in [0, 1) (the fraction of weights removed), got ",
+           amount);
+  NoGradGuard no_grad;
+  if (scope == PruneScope::global) {
+    const Tensor mag = magnitudes(weights);
+    prune_smallest(weights, mag, int64_t(std::floor(amount * double(mag.numel()))));
+  } else {
+    for (const auto& w : weights) {
+      const NamedTensors one = {w};
+      const Tensor mag = magnitudes(one);
+      prune_smallest(one, mag, int64_t(std::floor(amount * double(mag.numel()))));
+    }
+  }
+}
+
 }  // namespace
 
 NamedTensors prunable_weights(Module& model) {
@@ -77,23 +96,21 @@ NamedTensors prunable_weights(Module& model) {
 }
 
 MagnitudeMask::MagnitudeMask(Module& model, double amount, PruneScope scope) : weights_(prunable_weights(model)) {
-  MG_CHECK(amount >= 0.0 && amount < 1.0, "prune: --amount must be in [0, 1) (the fraction of weights removed), got ",
-           amount);
   MG_CHECK(!weights_.empty(), "prune: the model has no Linear or Conv2d weights to prune");
-  NoGradGuard no_grad;
-  if (scope == PruneScope::global) {
-    const Tensor mag = magnitudes(weights_);
-    prune_smallest(weights_, mag, int64_t(std::floor(amount * double(mag.numel()))));
-  } else {
-    for (const auto& w : weights_) {
-      const NamedTensors one = {w};
-      const Tensor mag = magnitudes(one);
-      prune_smallest(one, mag, int64_t(std::floor(amount * double(mag.numel()))));
-    }
-  }
+  prune_weights(weights_, amount, scope);
   // The masks: a bit per weight still nonzero (a weight that was exactly zero counts as pruned).
   MemoryCategoryGuard guard(MemoryCategory::other);
   for (const auto& [name, w] : weights_) masks_.emplace_back(name, nonzero_bits(w));
+}
+
+void MagnitudeMask::prune_to(double amount, PruneScope scope) {
+  apply();  // the masked weights are zero again, so they rank first
+  prune_weights(weights_, amount, scope);
+  MemoryCategoryGuard scratch(MemoryCategory::workspace);
+  for (size_t i = 0; i < weights_.size(); ++i) {
+    const Tensor bits = nonzero_bits(weights_[i].second);
+    std::memcpy(masks_[i].second.data_ptr(), bits.data_ptr(), bits.nbytes());
+  }
 }
 
 MagnitudeMask::MagnitudeMask(Module& model, const NamedTensors& masks) : weights_(prunable_weights(model)) {

@@ -23,6 +23,10 @@ class MagnitudeMask {
   MagnitudeMask(Module& model, const NamedTensors& masks);
 
   void apply();  // zeroes every masked weight again (after an optimizer step)
+  // Raises the sparsity to `amount` (gradual pruning, gradual_schedule.h): the smallest |w| among
+  // the weights still kept go too, and the masks are rewritten in place (no new mask bytes).
+  // Weights already pruned stay pruned; an amount below the current sparsity changes nothing.
+  void prune_to(double amount, PruneScope scope);
   // "<weight name>" -> its bitmask (u8), e.g. to save beside a checkpoint.
   const NamedTensors& masks_state() const { return masks_; }
   int64_t mask_bytes() const;

@@ -1,16 +1,21 @@
 // `memgrad prune` as a library call and through its command line, on tiny trained runs: a
 // structured prune writes a run every command loads (gpt sample, vision eval, train --resume)
 // with fewer parameter bytes; fine-tuning continues the run; unstructured pruning stores the
-// weights >= 3x smaller and its masks hold through fine-tuning; bad input gives clear errors.
+// weights >= 3x smaller and its masks hold through fine-tuning; a sweep writes the curve (CSV,
+// self-contained HTML) with bytes falling as the amount grows; bad input gives clear errors.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "apps/apps_test_util.h"
 #include "apps/gpt_train.h"
 #include "apps/prune_run.h"
+#include "apps/prune_sweep.h"
 #include "apps/vision_train.h"
 #include "core/safetensors.h"
+#include "models/compress/sparse_format.h"
 
 using namespace mg;
 using namespace mg::test;
@@ -101,6 +106,51 @@ TEST_CASE("prune command: gpt unstructured stores the weights sparse and keeps t
                              .progress = ProgressStyle::none});
   CHECK(r.sparse_weight_bytes * 3 <= r.dense_weight_bytes);
   CHECK(r.parameter_bytes_after == r.parameter_bytes_before);  // dense in memory
+
+  // Loaded for inference, its block Linears run sparse: the same loss, fewer weight bytes.
+  const GptEvalResult sparse = gpt_eval({.run = r.out_dir});
+  const GptEvalResult dense = gpt_eval({.run = r.out_dir, .dense = true});
+  CHECK(sparse.sparse_layers == 8);  // 2 blocks x (c_attn, attn c_proj, c_fc, mlp c_proj)
+  CHECK(dense.sparse_layers == 0);
+  CHECK(sparse.loss == Approx(dense.loss).epsilon(1e-5));
+  CHECK(sparse.weight_bytes < dense.weight_bytes);
+  CHECK(gpt_eval({.run = run}).sparse_layers == 0);  // an unpruned run stays dense
+  CHECK(gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0}).continuation ==
+        gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0, .dense = true}).continuation);
+}
+
+TEST_CASE("prune command: gradual schedule raises the sparsity while fine-tuning and reaches the final one", "[prune][apps]") {
+  DataTempDir tmp("prune_gpt_gradual");
+  const std::string run = tiny_gpt_run(tmp, "run");
+  const std::string out = tmp.file("gradual");
+  run_prune_cli({"prune", "--run", run, "--out", out, "--method", "unstructured", "--amount", "0.8", "--schedule",
+                 "gradual", "--finetune-steps", "8"});
+  const nlohmann::json cfg = RunDir(out).read_config();
+  const GradualSchedule sched = GradualSchedule::from_json(cfg.at("pruning").at("schedule"));
+  CHECK(sched.begin == 4);
+  CHECK(sched.end == 4 + 6);
+  CHECK(sched.final == 0.8);
+  CHECK(cfg.at("pruning").at("sparsity").get<double>() == Approx(0.8).margin(1e-3));  // refreshed after fine-tuning
+  int64_t zeros = 0, total = 0;
+  for (auto& [name, t] : load_safetensors(RunDir(out).checkpoint_dir() + "/model.safetensors"))
+    if (t.dim() == 2 && name.find(".c_") != std::string::npos)
+      for (double v : t.to_double_vector()) zeros += v == 0.0, ++total;
+  CHECK(zeros == Approx(0.8 * double(total)).margin(8));
+  // The sparse file holds the fine-tuned weights (not those at the start, which were dense).
+  int64_t stored = 0;
+  NamedTensors sparse = load_sparse_safetensors(RunDir(out).file("model.sparse.safetensors"), &stored);
+  CHECK(stored == cfg.at("pruning").at("sparse_bytes").get<int64_t>());
+  for (auto& [name, t] : load_safetensors(RunDir(out).checkpoint_dir() + "/model.safetensors"))
+    for (auto& [sname, s] : sparse)
+      if (sname == name) CHECK(s.to_double_vector() == t.to_double_vector());
+
+  CHECK_THROWS_WITH(prune_run({.run = run, .out = tmp.file("g1"), .method = "unstructured", .finetune_steps = 1,
+                               .schedule = "gradual"}),
+                    Catch::Contains("--finetune-steps >= 2"));
+  CHECK_THROWS_WITH(prune_run({.run = run, .out = tmp.file("g2"), .finetune_steps = 4, .schedule = "gradual"}),
+                    Catch::Contains("use it with --method unstructured"));
+  CHECK_THROWS_WITH(prune_run({.run = run, .out = tmp.file("g3"), .schedule = "cubic"}),
+                    Catch::Contains("--schedule must be oneshot or gradual"));
 }
 
 TEST_CASE("prune command: vision structured run evaluates and fine-tunes", "[prune][apps][slow]") {
@@ -149,4 +199,70 @@ TEST_CASE("prune command: bad input is a clear error", "[prune][apps]") {
   fails({.criterion = "taylor"}, "needs the run's training data");
   CHECK_FALSE(fs::exists(tmp.file("out") + "/checkpoint"));  // nothing half-written
   CHECK_THROWS_WITH(run_prune_cli({"prune", "--run", run}), Catch::Contains("--out is required"));
+}
+
+TEST_CASE("prune command: --sweep writes the curve as CSV and self-contained HTML", "[prune][apps]") {
+  DataTempDir tmp("prune_sweep");
+  const std::string run = tiny_gpt_run(tmp, "run");
+  const std::string out = tmp.file("sweep");
+  SweepResult r = prune_sweep({.run = run, .out = out, .target = "mlp", .finetune_steps = 1, .bench_steps = 2,
+                               .progress = ProgressStyle::none},
+                              parse_sweep("0,0.5,0.75"));
+  REQUIRE(r.points.size() == 3);
+  for (size_t i = 1; i < r.points.size(); ++i) {  // every byte count falls with the amount
+    CHECK(r.points[i].parameter_bytes < r.points[i - 1].parameter_bytes);
+    CHECK(r.points[i].train_peak < r.points[i - 1].train_peak);
+    CHECK(r.points[i].inference_peak < r.points[i - 1].inference_peak);
+  }
+  for (const SweepPoint& p : r.points) {
+    CHECK(p.inference_peak >= p.parameter_bytes);  // the weights are part of it
+    CHECK(p.train_peak > p.inference_peak);
+    CHECK(p.ms_per_step > 0.0);
+    CHECK(std::isfinite(p.quality_finetuned));
+    CHECK(RunDir(p.run_dir).read_checkpoint_state().step == 5);  // 4 trained + 1 fine-tune step
+  }
+  CHECK(RunDir(r.points[1].run_dir).read_config().at("model").at("mlp_hidden") == nlohmann::json({64, 64}));
+  std::ifstream csv(out + "/sweep.csv");
+  std::string header, line;
+  std::getline(csv, header);
+  CHECK(header.rfind("amount,method,parameters,parameter_bytes,", 0) == 0);
+  CHECK(header.find("val_loss_finetuned") != std::string::npos);
+  int rows = 0;
+  while (std::getline(csv, line)) rows += !line.empty();
+  CHECK(rows == 3);
+  std::stringstream html;
+  html << std::ifstream(out + "/sweep.html").rdbuf();
+  const std::string page = html.str();
+  for (const char* id : {"chart-params", "chart-peaks", "chart-time", "chart-quality"})
+    CHECK(page.find(id) != std::string::npos);
+  CHECK(page.find("<script") == std::string::npos);  // self-contained: nothing loaded from elsewhere
+  CHECK(page.find("<link") == std::string::npos);
+  CHECK(page.find("src=") == std::string::npos);
+  CHECK(page.find("data-value=\"") != std::string::npos);
+  CHECK(r.table().find("amount") != std::string::npos);
+
+  // The command line: the table is printed, the unstructured sweep stores fewer bytes as it goes.
+  run_prune_cli({"prune", "--run", run, "--out", tmp.file("sweep-u"), "--method", "unstructured", "--sweep", "0,0.8",
+                 "--bench-steps", "2"});
+  std::ifstream ucsv(tmp.file("sweep-u") + "/sweep.csv");
+  std::getline(ucsv, header);
+  std::vector<int64_t> stored;
+  while (std::getline(ucsv, line)) {
+    std::vector<std::string> cells;
+    std::stringstream ls(line);
+    for (std::string c; std::getline(ls, c, ',');) cells.push_back(c);
+    stored.push_back(std::stoll(cells.at(4)));
+  }
+  REQUIRE(stored.size() == 2);
+  CHECK(stored[1] * 2 < stored[0]);
+}
+
+TEST_CASE("prune command: --sweep bad input is a clear error", "[prune][apps]") {
+  CHECK_THROWS_WITH(parse_sweep("0,1"), Catch::Contains("must be in [0, 1)"));
+  CHECK_THROWS_WITH(parse_sweep("0,-0.5"), Catch::Contains("must be in [0, 1)"));
+  CHECK_THROWS_WITH(parse_sweep("0,half"), Catch::Contains("'half' is not a number"));
+  CHECK_THROWS_WITH(parse_sweep("0.5x"), Catch::Contains("is not a number"));
+  CHECK_THROWS_WITH(parse_sweep("0.5,0.5"), Catch::Contains("twice"));
+  CHECK_THROWS_WITH(parse_sweep(""), Catch::Contains("at least one amount"));
+  CHECK(parse_sweep("0,0.25,0.5,0.75") == std::vector<double>{0, 0.25, 0.5, 0.75});
 }

@@ -1,0 +1,277 @@
+// The bitmask sparse x dense GEMM (see sparse_gemm.h). Each path is one function compiled for its
+// instruction set with a target attribute, so a build for a plain AVX2 machine still holds the
+// AVX-512 path and the cpuid check decides at runtime. Rows of W are split over threads; every
+// output element is summed by one thread in ascending k, so the result is independent of the
+// thread count.
+#include "ops/sparse_gemm.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "autograd/grad_mode.h"
+#include "core/error.h"
+#include "core/memory_category.h"
+#include "core/parallel.h"
+#include "ops/op_utils.h"
+#include "ops/ops.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define MG_SPARSE_X86 1
+#endif
+
+namespace mg {
+namespace {
+
+constexpr int64_t kTile = 64;  // columns of X^T per register tile
+constexpr int64_t kPad = 16;   // M is padded to a multiple of this (the narrow tile)
+constexpr int64_t kChunk = 56;  // bits read per 64-bit load (any bit offset within a byte leaves >= 57)
+
+// What every path reads: W as bitmask + values + row offsets, X^T (K, Mp), Y^T (N, Mp).
+struct Problem {
+  const uint8_t* bits;
+  int64_t nbytes;
+  const float* values;
+  const int64_t* offsets;
+  int64_t N, K, Mp;
+  const float* xt;
+  float* yt;
+};
+
+// Bits [bit, bit + n) of the mask (n <= 56) as the low bits of a word.
+inline uint64_t bit_chunk(const uint8_t* bits, int64_t nbytes, int64_t bit, int64_t n) {
+  const int64_t byte = bit >> 3;
+  uint64_t word = 0;
+  if (byte + 8 <= nbytes) std::memcpy(&word, bits + byte, 8);
+  else std::memcpy(&word, bits + byte, size_t(std::min<int64_t>(8, nbytes - byte)));
+  word >>= (bit & 7);
+  return word & ((uint64_t(1) << n) - 1);
+}
+
+// The specification: Y^T[n][m] = sum over nonzeros k (ascending) of fma(W[n][k], X^T[k][m], .).
+void rows_scalar(const Problem& p, int64_t n0, int64_t n1) {
+  for (int64_t n = n0; n < n1; ++n) {
+    float* y = p.yt + n * p.Mp;
+    std::fill(y, y + p.Mp, 0.0f);
+    const float* v = p.values + p.offsets[n];
+    for (int64_t k0 = 0; k0 < p.K; k0 += kChunk) {
+      uint64_t word = bit_chunk(p.bits, p.nbytes, n * p.K + k0, std::min(kChunk, p.K - k0));
+      while (word) {
+        const int64_t k = k0 + __builtin_ctzll(word);
+        word &= word - 1;
+        const float w = *v++;
+        const float* x = p.xt + k * p.Mp;
+        for (int64_t m = 0; m < p.Mp; ++m) y[m] = std::fma(w, x[m], y[m]);
+      }
+    }
+  }
+}
+
+#ifdef MG_SPARSE_X86
+
+// The scan over row n's nonzeros, with `body` run for each (k, w); shared by the SIMD paths
+// (a macro, not a lambda: a lambda would not inherit its function's target instruction set).
+#define MG_FOR_EACH_NONZERO(p, n, body)                                                          \
+  do {                                                                                           \
+    const float* v_ = (p).values + (p).offsets[n];                                               \
+    for (int64_t k0_ = 0; k0_ < (p).K; k0_ += kChunk) {                                          \
+      uint64_t word_ = bit_chunk((p).bits, (p).nbytes, (n) * (p).K + k0_, std::min(kChunk, (p).K - k0_)); \
+      while (word_) {                                                                            \
+        const int64_t k = k0_ + __builtin_ctzll(word_);                                          \
+        word_ &= word_ - 1;                                                                      \
+        const float w = *v_++;                                                                   \
+        body;                                                                                    \
+      }                                                                                          \
+    }                                                                                            \
+  } while (0)
+
+__attribute__((target("avx2,fma"))) void rows_avx2(const Problem& p, int64_t n0, int64_t n1) {
+  int64_t m0 = 0;
+  for (; m0 + kTile <= p.Mp; m0 += kTile)  // 8 ymm accumulators: 64 columns
+    for (int64_t n = n0; n < n1; ++n) {
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+      MG_FOR_EACH_NONZERO(p, n, {
+        const __m256 wv = _mm256_set1_ps(w);
+        const float* x = p.xt + k * p.Mp + m0;
+        a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x), a0);
+        a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 8), a1);
+        a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 16), a2);
+        a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 24), a3);
+        a4 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 32), a4);
+        a5 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 40), a5);
+        a6 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 48), a6);
+        a7 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 56), a7);
+      });
+      float* y = p.yt + n * p.Mp + m0;
+      _mm256_storeu_ps(y, a0), _mm256_storeu_ps(y + 8, a1), _mm256_storeu_ps(y + 16, a2);
+      _mm256_storeu_ps(y + 24, a3), _mm256_storeu_ps(y + 32, a4), _mm256_storeu_ps(y + 40, a5);
+      _mm256_storeu_ps(y + 48, a6), _mm256_storeu_ps(y + 56, a7);
+    }
+  for (; m0 < p.Mp; m0 += kPad)  // the rest: 16 columns at a time
+    for (int64_t n = n0; n < n1; ++n) {
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+      MG_FOR_EACH_NONZERO(p, n, {
+        const __m256 wv = _mm256_set1_ps(w);
+        const float* x = p.xt + k * p.Mp + m0;
+        a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x), a0);
+        a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + 8), a1);
+      });
+      float* y = p.yt + n * p.Mp + m0;
+      _mm256_storeu_ps(y, a0), _mm256_storeu_ps(y + 8, a1);
+    }
+}
+
+__attribute__((target("avx512f"))) void rows_avx512(const Problem& p, int64_t n0, int64_t n1) {
+  int64_t m0 = 0;
+  for (; m0 + kTile <= p.Mp; m0 += kTile)  // 4 zmm accumulators: 64 columns
+    for (int64_t n = n0; n < n1; ++n) {
+      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+      MG_FOR_EACH_NONZERO(p, n, {
+        const __m512 wv = _mm512_set1_ps(w);
+        const float* x = p.xt + k * p.Mp + m0;
+        a0 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x), a0);
+        a1 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 16), a1);
+        a2 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 32), a2);
+        a3 = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + 48), a3);
+      });
+      float* y = p.yt + n * p.Mp + m0;
+      _mm512_storeu_ps(y, a0), _mm512_storeu_ps(y + 16, a1), _mm512_storeu_ps(y + 32, a2);
+      _mm512_storeu_ps(y + 48, a3);
+    }
+  for (; m0 < p.Mp; m0 += kPad)
+    for (int64_t n = n0; n < n1; ++n) {
+      __m512 a0 = _mm512_setzero_ps();
+      MG_FOR_EACH_NONZERO(p, n, {
+        a0 = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(p.xt + k * p.Mp + m0), a0);
+      });
+      _mm512_storeu_ps(p.yt + n * p.Mp + m0, a0);
+    }
+}
+
+#undef MG_FOR_EACH_NONZERO
+#endif  // MG_SPARSE_X86
+
+}  // namespace
+
+const char* sparse_gemm_path_name(SparseGemmPath p) {
+  switch (p) {
+    case SparseGemmPath::scalar: return "scalar";
+    case SparseGemmPath::avx2: return "AVX2+FMA";
+    case SparseGemmPath::avx512: return "AVX-512F";
+  }
+  return "?";
+}
+
+bool sparse_gemm_path_supported(SparseGemmPath p) {
+#ifdef MG_SPARSE_X86
+  if (p == SparseGemmPath::avx512) return __builtin_cpu_supports("avx512f");
+  if (p == SparseGemmPath::avx2) return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  if (p != SparseGemmPath::scalar) return false;
+#endif
+  return true;
+}
+
+SparseGemmPath sparse_gemm_best_path() {
+  for (SparseGemmPath p : {SparseGemmPath::avx512, SparseGemmPath::avx2})
+    if (sparse_gemm_path_supported(p)) return p;
+  return SparseGemmPath::scalar;
+}
+
+Tensor bitmask_row_offsets(const Tensor& bits, int64_t rows, int64_t cols) {
+  MG_CHECK(bits.defined() && bits.device().is_cpu() && bits.is_contiguous() && bits.dtype() == DType::u8,
+           "bitmask_row_offsets: expected contiguous cpu u8 bits");
+  MG_CHECK(rows >= 0 && cols >= 0 && bits.numel() >= (rows * cols + 7) / 8, "bitmask_row_offsets: ", bits.numel(),
+           " bytes of bits cannot hold a (", rows, ", ", cols, ") matrix");
+  Tensor off = empty({rows + 1}, {.dtype = DType::i64, .device = bits.device()});
+  int64_t* o = off.data<int64_t>();
+  const uint8_t* b = bits.data<uint8_t>();
+  o[0] = 0;
+  for (int64_t n = 0; n < rows; ++n) {
+    int64_t c = 0;
+    for (int64_t k0 = 0; k0 < cols; k0 += kChunk)
+      c += __builtin_popcountll(bit_chunk(b, bits.numel(), n * cols + k0, std::min(kChunk, cols - k0)));
+    o[n + 1] = o[n] + c;
+  }
+  return off;
+}
+
+Tensor bitmask_linear(const Tensor& x, const Tensor& bits, const Tensor& values, const Tensor& row_offsets,
+                      int64_t N, const Tensor& bias, std::optional<SparseGemmPath> path_opt) {
+  const char* op = "bitmask_linear";
+  check_defined(op, x, "input");
+  MG_CHECK(x.device().is_cpu() && x.dtype() == DType::f32, op, ": expected an f32 cpu input, got ", x.dtype(),
+           " on ", x.device().str(), "\n  hint: sparse inference runs in f32 on the host");
+  MG_CHECK(!(grad_enabled() && x.requires_grad()), op, ": inference only (no backward); the input requires a "
+           "gradient\n  hint: run under NoGradGuard, or train the dense model with its masks");
+  MG_CHECK(x.dim() >= 1, op, ": the input needs at least 1 dimension");
+  const int64_t K = x.size(-1);
+  for (const Tensor* t : {&bits, &values, &row_offsets, &bias})
+    if (t->defined()) check_same_device(op, x, *t);
+  MG_CHECK(bits.defined() && bits.device().is_cpu() && bits.is_contiguous() && bits.dtype() == DType::u8 &&
+               bits.numel() >= (N * K + 7) / 8,
+           op, ": the bitmask must be contiguous cpu u8 of >= ", (N * K + 7) / 8, " bytes for a (", N, ", ", K,
+           ") weight, got ", bits.defined() ? bits.numel() : 0);
+  MG_CHECK(row_offsets.defined() && row_offsets.dtype() == DType::i64 && row_offsets.is_contiguous() &&
+               row_offsets.device().is_cpu() && row_offsets.numel() == N + 1,
+           op, ": row_offsets must be (", N + 1, ") i64 from bitmask_row_offsets");
+  const int64_t nnz = row_offsets.data<int64_t>()[N];
+  MG_CHECK(values.defined() && values.dtype() == DType::f32 && values.is_contiguous() && values.device().is_cpu() &&
+               values.numel() == nnz,
+           op, ": the row offsets count ", nnz, " nonzeros, the values tensor holds ",
+           values.defined() ? values.numel() : 0, " (f32 expected)");
+  if (bias.defined())
+    MG_CHECK(bias.dtype() == DType::f32 && bias.device().is_cpu() && bias.dim() == 1 && bias.size(0) == N, op,
+             ": bias must be (", N, ") f32 on cpu, got ", shape_str(bias.shape()));
+  const SparseGemmPath path = path_opt.value_or(sparse_gemm_best_path());
+  MG_CHECK(sparse_gemm_path_supported(path), op, ": this CPU lacks the ", sparse_gemm_path_name(path), " path");
+
+  OpNameGuard name(op);
+  Shape shape = x.shape();
+  shape.back() = N;
+  Tensor out = empty(shape, {.dtype = DType::f32, .device = x.device()});  // (..., N)
+  const int64_t M = K > 0 ? x.numel() / K : 0, Mp = (M + kPad - 1) / kPad * kPad;
+  if (out.numel() == 0) return out;
+  Tensor xc = contiguous(x.detach());
+  Tensor xt, yt;
+  {
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    xt = empty({std::max<int64_t>(K, 1), Mp}, {.device = x.device()});  // (K, Mp): X^T
+    yt = empty({N, Mp}, {.device = x.device()});                        // (N, Mp): Y^T
+  }
+  // X^T in 16 x 16 blocks (a row at a time would touch a new page for every element); the
+  // padding columns zero.
+  const float* xs = xc.data<float>();
+  float* xtp = xt.data<float>();
+  for (int64_t k0 = 0; k0 < K; k0 += 16)
+    for (int64_t m0 = 0; m0 < M; m0 += 16)
+      for (int64_t k = k0; k < std::min(K, k0 + 16); ++k)
+        for (int64_t m = m0; m < std::min(M, m0 + 16); ++m) xtp[k * Mp + m] = xs[m * K + k];
+  for (int64_t k = 0; k < K; ++k) std::fill(xtp + k * Mp + M, xtp + (k + 1) * Mp, 0.0f);
+  const Problem p{bits.data<uint8_t>(), bits.numel(), values.data<float>(), row_offsets.data<int64_t>(), N, K, Mp,
+                  xtp, yt.data<float>()};
+  // Grain: enough rows that a chunk does ~64k multiply-adds.
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(1, (nnz / std::max<int64_t>(N, 1) + 1) * Mp));
+  parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    switch (path) {
+#ifdef MG_SPARSE_X86
+      case SparseGemmPath::avx512: rows_avx512(p, n0, n1); break;
+      case SparseGemmPath::avx2: rows_avx2(p, n0, n1); break;
+#endif
+      default: rows_scalar(p, n0, n1);
+    }
+  });
+  // (M, N) = (Y^T)^T + bias, in 16 x 16 blocks so both sides stay in cache
+  float* o = out.data<float>();
+  const float* y = yt.data<float>();
+  const Tensor bc = bias.defined() ? contiguous(bias) : Tensor();
+  const float* b = bc.defined() ? bc.data<float>() : nullptr;
+  for (int64_t m0 = 0; m0 < M; m0 += 16)
+    for (int64_t n0 = 0; n0 < N; n0 += 16)
+      for (int64_t m = m0; m < std::min(M, m0 + 16); ++m)
+        for (int64_t n = n0; n < std::min(N, n0 + 16); ++n) o[m * N + n] = y[n * Mp + m] + (b ? b[n] : 0.0f);
+  return out;
+}
+
+}  // namespace mg
