@@ -89,7 +89,7 @@ TEST_CASE("prune: masks rise in place along the schedule and hold through optimi
     std::vector<std::vector<double>> bits;
     for (size_t k = 0; k < mask.masks_state().size(); ++k) {
       bits.push_back(mask.masks_state()[k].second.to_double_vector());
-      const Tensor& w = prunable_weights(model)[k].second;
+      const Tensor w = prunable_weights(model)[k].second;  // a copy: the vector is a temporary
       CHECK(nonzero_bits(w).to_double_vector() == bits.back());  // zeros exactly where the mask says
     }
     if (!prev_bits.empty())
