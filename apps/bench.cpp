@@ -2,6 +2,7 @@
 // its own run directory (fresh allocator state, same seed and data), the table and bench.csv.
 #include "apps/bench.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
@@ -58,9 +59,10 @@ std::vector<StepMemory> gather_rank_memory(const StepMemory& mine) {
   return out;
 }
 
-void fresh_state(const Device& d, const std::vector<Combination>& combos) {
+void fresh_state(const Device& d, const std::vector<Device>& split_devices, const std::vector<Combination>& combos) {
   empty_cache(d);
   reset_peak_stats(d);
+  for (const Device& s : split_devices) empty_cache(s), reset_peak_stats(s);
   for (const auto& c : combos)
     if (c.techniques.offload_activations) {
       empty_cache(*c.techniques.offload_activations);
@@ -70,7 +72,8 @@ void fresh_state(const Device& d, const std::vector<Combination>& combos) {
 
 }  // namespace
 
-Combination parse_combination(const std::string& text, int64_t batch, const Device& device) {
+Combination parse_combination(const std::string& text, int64_t batch, const Device& device,
+                              const std::vector<Device>& split_devices) {
   Combination c{text, {}};
   MG_CHECK(!text.empty(), "bench: an empty combination in --techniques");
   if (text == "none") return c;
@@ -105,24 +108,64 @@ Combination parse_combination(const std::string& text, int64_t batch, const Devi
       c.techniques.micro_batch = batch / n;
     } else if (part == "offload") {
       c.techniques.offload_activations = offload_target(device);
+    } else if (part.rfind("split=", 0) == 0 || part.rfind("pipeline=", 0) == 0) {
+      // Model parallelism: the library's own parsers, their errors prefixed with the combination.
+      const bool split = part[0] == 's';
+      MG_CHECK(!(split ? c.parallel.split.has_value() : c.parallel.pipeline.has_value()), "bench: '", text,
+               "' names two ", split ? "splits" : "pipelines");
+      try {
+        if (split) c.parallel.split = SplitSpec::parse(part.substr(6));
+        else c.parallel.pipeline = parse_pipeline(part.substr(9));
+      } catch (const Error& e) {
+        MG_THROW("bench: '", part, "' in '", text, "': ", e.what());
+      }
     } else {
       MG_THROW("bench: unknown technique '", part, "' in '", text,
-               "' (known: none, ckpt, ckpt-sqrt, ckpt-everyK, selective, bf16, fp16, bf16pure, accumN, offload)");
+               "' (known: none, ckpt, ckpt-sqrt, ckpt-everyK, selective, bf16, fp16, bf16pure, accumN, offload, "
+               "split=S, pipeline=P)");
     }
   }
+  if (c.parallel.split) {
+    MG_CHECK(!split_devices.empty(), "bench: '", text, "' splits the model over --devices; give them, e.g. "
+             "--devices cpu:0,cpu:1");
+    c.parallel.devices = split_devices;
+  }
+  if (c.parallel.pipeline) {
+    MG_CHECK(c.parallel.split, "bench: '", text, "' pipelines stages of a split model; add split=stages:K or "
+             "split=balanced");
+    MG_CHECK(c.techniques.micro_batch > 0, "bench: '", text, "' runs micro-batches through the stages; add accumN "
+             "(e.g. ", text, "+accum4)");
+  }
+  // What the training commands would refuse (a pipeline over tensor or attention-mlp, with offload,
+  // one device in --devices), refused here before anything runs.
+  c.parallel.validate("bench: '" + text + "'", c.techniques.micro_batch, false,
+                      c.techniques.offload_activations.has_value());
   return c;
 }
 
-std::vector<Combination> parse_combinations(const std::string& list, int64_t batch, const Device& device) {
+std::vector<Combination> parse_combinations(const std::string& list, int64_t batch, const Device& device,
+                                            const std::vector<Device>& split_devices) {
   std::vector<Combination> out;
   std::stringstream ss(list);
   std::string item;
   while (std::getline(ss, item, ',')) {
     for (const auto& c : out) MG_CHECK(c.name != item, "bench: '", item, "' appears twice in --techniques");
-    out.push_back(parse_combination(item, batch, device));
+    out.push_back(parse_combination(item, batch, device, split_devices));
   }
   MG_CHECK(!out.empty(), "bench: --techniques is empty");
+  if (!split_devices.empty()) {
+    bool any = false;
+    for (const auto& c : out) any = any || c.parallel.active();
+    MG_CHECK(any, "bench: --devices is for combinations that split the model, and none of --techniques does (add "
+             "e.g. split=balanced)");
+  }
   return out;
+}
+
+const DevicePeak* BenchRow::on(const Device& d) const {
+  for (const DevicePeak& p : device_peaks)
+    if (p.device == d) return &p;
+  return nullptr;
 }
 
 const BenchRow& BenchResult::baseline() const {
@@ -142,7 +185,11 @@ BenchResult run_bench(const BenchOptions& o) {
   r.unit = gpt ? "tok/s" : "img/s";
   r.steps = o.steps;
   r.batch = o.batch > 0 ? o.batch : gpt ? 8 : 64;
-  const std::vector<Combination> combos = parse_combinations(o.techniques, r.batch, device);
+  const std::vector<Combination> combos = parse_combinations(o.techniques, r.batch, device, o.devices);
+  if (!o.devices.empty()) {  // a peak column per device: --device first unless the split uses it
+    if (std::find(o.devices.begin(), o.devices.end(), device) == o.devices.end()) r.device_columns.push_back(device);
+    r.device_columns.insert(r.device_columns.end(), o.devices.begin(), o.devices.end());
+  }
   // --ddp: rank 0 writes the folder; the other ranks work in a scratch one of their own.
   const LaunchInfo launch = launch_info_from_env();
   r.world_size = o.data_parallel.enabled ? launch.world_size : 1;
@@ -172,10 +219,10 @@ BenchResult run_bench(const BenchOptions& o) {
   }
 
   for (const Combination& c : combos) {
-    fresh_state(device, combos);
+    fresh_state(device, o.devices, combos);
     const std::string run_dir = r.out_dir + "/runs/" + c.name;
     fs::remove_all(run_dir);
-    BenchRow row{.name = c.name, .techniques = c.techniques};
+    BenchRow row{.name = c.name, .techniques = c.techniques, .parallel = c.parallel};
     if (gpt) {
       GptTrainOptions t;
       t.config = o.model;
@@ -190,9 +237,11 @@ BenchResult run_bench(const BenchOptions& o) {
       t.eval_windows = 4;
       t.save_checkpoints = false;
       t.techniques = c.techniques;
+      t.parallel = c.parallel;
       t.progress = ProgressStyle::none;
       t.data_parallel = o.data_parallel;
       GptTrainResult g = gpt_train(t);
+      row.device_peaks = g.device_peaks;
       row.comm_ms = g.comm_ms, row.exposed_comm_ms = g.exposed_comm_ms;
       row.offloaded_bytes = g.offloaded_bytes;
       row.memory = g.memory;
@@ -214,9 +263,11 @@ BenchResult run_bench(const BenchOptions& o) {
       t.out = run_dir;
       t.save_checkpoints = false;
       t.techniques = c.techniques;
+      t.parallel = c.parallel;
       t.progress = ProgressStyle::none;
       t.data_parallel = o.data_parallel;
       VisionTrainResult v = vision_train(t);
+      row.device_peaks = v.device_peaks;
       row.comm_ms = v.comm_ms, row.exposed_comm_ms = v.exposed_comm_ms;
       row.offloaded_bytes = v.offloaded_bytes;
       MG_CHECK(v.steps_done == o.steps, "bench: the data gave ", v.steps_done, " steps instead of ", o.steps,
@@ -226,6 +277,10 @@ BenchResult run_bench(const BenchOptions& o) {
       row.throughput = v.images_per_s;
       row.loss = v.last_loss;
       row.micro_batch = v.micro_batch;
+    }
+    if (row.device_peaks.empty()) {  // one device: its steady peaks are the row's
+      DevicePeak p{.device = device, .peak = row.memory.peak, .category = row.memory.category, .modules = "all"};
+      row.device_peaks.push_back(p);
     }
     if (o.data_parallel.enabled) row.rank_memory = gather_rank_memory(row.memory);
     if (o.progress != ProgressStyle::none && launch.rank == 0) {
@@ -263,16 +318,24 @@ std::string BenchResult::table() const {
   }
   if (steps - 1 < 5)
     os << "warning: the times are medians of fewer than 5 steps; give --steps 6 or more for figures to compare\n";
-  std::snprintf(line, sizeof(line), "%-22s %8s %8s %8s %8s %8s %8s %8s %9s %9s %9s %10s %8s %6s %6s %6s\n", "combination",
+  if (!device_columns.empty())
+    os << "split rows: 'total' is the largest device's peak, each device's own follows its row; a pipeline's stages "
+          "each get 1/p of the threads, so every row uses the same threads in all\n";
+  std::snprintf(line, sizeof(line), "%-22s %8s %8s %8s %8s %8s %8s %8s %9s %9s %9s %10s %8s %6s %6s %6s", "combination",
                 "param", "grad", "optim", "activ", "work", "input", "total", "reserved", "offloaded", "ms/step",
                 unit.c_str(), "loss", "mem", "act", "time");
   os << line;
+  for (const Device& d : device_columns) {
+    std::snprintf(line, sizeof(line), " %10s", ("@" + d.str()).c_str());
+    os << line;
+  }
+  os << "\n";
   for (const BenchRow& row : rows) {
     const auto& c = row.memory.category;
     auto cat = [&](MemoryCategory k) { return mib(c[size_t(k)]); };
     auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
     std::snprintf(line, sizeof(line),
-                  "%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %9.2f %9.1f %10.0f %8.4f %5.2fx %5.2fx %5.2fx\n",
+                  "%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %9.2f %9.1f %10.0f %8.4f %5.2fx %5.2fx %5.2fx",
                   row.name.c_str(), cat(MemoryCategory::parameter), cat(MemoryCategory::gradient),
                   cat(MemoryCategory::optimizer_state), cat(MemoryCategory::activation), cat(MemoryCategory::workspace),
                   cat(MemoryCategory::input), mib(row.memory.peak), mib(row.memory.reserved), mib(row.offloaded_bytes),
@@ -280,6 +343,22 @@ std::string BenchResult::table() const {
                   row.throughput, row.loss, ratio(double(row.memory.peak), double(base.memory.peak)),
                   ratio(double(act(row)), double(act(base))), ratio(row.ms_per_step, base.ms_per_step));
     os << line;
+    for (const Device& d : device_columns) {  // each device's peak (MiB), "-" where the row did not use it
+      const DevicePeak* p = row.on(d);
+      if (p) std::snprintf(line, sizeof(line), " %10.2f", mib(p->peak));
+      else std::snprintf(line, sizeof(line), " %10s", "-");
+      os << line;
+    }
+    os << "\n";
+    if (row.parallel.active())  // a split row: each device's own peaks per category
+      for (const DevicePeak& p : row.device_peaks) {
+        std::snprintf(line, sizeof(line), "  %-20s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f  %s\n", p.device.str().c_str(),
+                      mib(p.of(MemoryCategory::parameter)), mib(p.of(MemoryCategory::gradient)),
+                      mib(p.of(MemoryCategory::optimizer_state)), mib(p.of(MemoryCategory::activation)),
+                      mib(p.of(MemoryCategory::workspace)), mib(p.of(MemoryCategory::input)), mib(p.peak),
+                      p.modules.c_str());
+        os << line;
+      }
     for (size_t k = 0; k < row.rank_memory.size(); ++k) {  // --ddp: each rank's own peaks
       const auto& m = row.rank_memory[k];
       auto rc = [&](MemoryCategory x) { return mib(m.category[size_t(x)]); };
@@ -307,7 +386,15 @@ void write_bench_csv(const BenchResult& r, const std::string& path) {
   f << "combination,checkpoint,precision,micro_batch,offload";
   for (MemoryCategory c : kAllMemoryCategories) f << ",peak_" << category_name(c) << "_bytes";
   f << ",peak_bytes,reserved_bytes,offloaded_bytes,ms_per_step," << (r.unit == "tok/s" ? "tokens_per_s" : "images_per_s")
-    << ",loss,memory_ratio,activation_ratio,time_ratio\n";
+    << ",loss,memory_ratio,activation_ratio,time_ratio";
+  if (!r.device_columns.empty()) {  // --devices: the split, and every device's peaks
+    f << ",split,pipeline";
+    for (const Device& d : r.device_columns) {
+      f << ",peak_bytes@" << d.str();
+      for (MemoryCategory c : kAllMemoryCategories) f << ",peak_" << category_name(c) << "_bytes@" << d.str();
+    }
+  }
+  f << "\n";
   const size_t act = size_t(MemoryCategory::activation);
   for (const BenchRow& row : r.rows) {
     f << row.name << ',' << row.techniques.checkpoint.str() << ',' << precision_name(row.techniques.precision) << ','
@@ -319,7 +406,19 @@ void write_bench_csv(const BenchResult& r, const std::string& path) {
                   base.memory.peak ? double(row.memory.peak) / double(base.memory.peak) : 0.0,
                   base.memory.category[act] ? double(row.memory.category[act]) / double(base.memory.category[act]) : 0.0,
                   base.ms_per_step > 0 ? row.ms_per_step / base.ms_per_step : 0.0);
-    f << tail;
+    std::string line(tail);
+    line.pop_back();  // the newline: device columns follow
+    f << line;
+    if (!r.device_columns.empty()) {
+      f << ',' << (row.parallel.split ? row.parallel.split->str() : "") << ','
+        << (row.parallel.pipeline ? pipeline_name(*row.parallel.pipeline) : "");
+      for (const Device& d : r.device_columns) {
+        const DevicePeak* p = row.on(d);
+        f << ',' << (p ? std::to_string(p->peak) : "");
+        for (MemoryCategory c : kAllMemoryCategories) f << ',' << (p ? std::to_string(p->of(c)) : "");
+      }
+    }
+    f << '\n';
   }
   f.close();
   MG_CHECK(f.good(), "bench: writing '", path, "' failed");

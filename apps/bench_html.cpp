@@ -1,6 +1,7 @@
 // bench.html: a self-contained page (no scripts, no network) with one stacked bar per combination
 // of its real peak (the allocator's peak allocated bytes, split into what each category held at
 // that moment), a bar of its median step time beside it, both on labelled axes, and the table. The SVG is static markup, so any browser (or a test) can read it.
+// With --devices, a thin bar per device under each row's bar: that device's own peak, same scale.
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -23,13 +24,14 @@ std::string fmt(const char* f, double v) {
 }  // namespace
 
 void write_bench_html(const BenchResult& r, const std::string& path) {
-  constexpr double kLabelW = 190, kMemW = 420, kGap = 40, kTimeW = 260, kRowH = 26, kTop = 40;
+  constexpr double kLabelW = 190, kMemW = 420, kGap = 40, kTimeW = 260, kTop = 40, kDeviceH = 11;
+  const double row_h = 26 + kDeviceH * double(r.device_columns.size());
   double max_mem = 1, max_ms = 1e-9;
   for (const BenchRow& row : r.rows) {
     max_mem = std::max(max_mem, double(row.memory.peak));
     max_ms = std::max(max_ms, row.ms_per_step);
   }
-  const double width = kLabelW + kMemW + kGap + kTimeW + 80, height = kTop + kRowH * double(r.rows.size()) + 80;
+  const double width = kLabelW + kMemW + kGap + kTimeW + 80, height = kTop + row_h * double(r.rows.size()) + 80;
   const double time_x = kLabelW + kMemW + kGap;
   std::ostringstream svg;
   svg << "<svg id=\"bench-chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
@@ -38,7 +40,7 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
   svg << "<text x=\"" << time_x << "\" y=\"20\">median step time (ms)</text>\n";
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const BenchRow& row = r.rows[i];
-    const double y = kTop + kRowH * double(i);
+    const double y = kTop + row_h * double(i);
     svg << "<text x=\"4\" y=\"" << y + 15 << "\">" << html_escape(row.name) << "</text>\n";
     double x = kLabelW;
     for (MemoryCategory c : kAllMemoryCategories) {
@@ -46,21 +48,32 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
       if (bytes <= 0) continue;
       const double w = kMemW * bytes / max_mem;
       svg << "<rect class=\"mem\" data-category=\"" << category_name(c) << "\" data-bytes=\"" << int64_t(bytes)
-          << "\" x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << kRowH - 6 << "\" fill=\""
+          << "\" x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"20\" fill=\""
           << category_color(c) << "\"><title>" << html_escape(row.name) << ": " << category_name(c) << " "
           << fmt("%.2f", bytes / 1048576.0) << " MiB</title></rect>\n";
       x += w;
     }
     svg << "<text class=\"peak\" data-bytes=\"" << row.memory.peak << "\" x=\"" << x + 4 << "\" y=\"" << y + 15 << "\">"
         << fmt("%.2f", double(row.memory.peak) / 1048576.0) << "</text>\n";
+    for (size_t k = 0; k < r.device_columns.size(); ++k) {  // each device's own peak
+      const DevicePeak* p = row.on(r.device_columns[k]);
+      if (!p) continue;
+      const double dy = y + 22 + kDeviceH * double(k), w = kMemW * double(p->peak) / max_mem;
+      const std::string dev = html_escape(p->device.str());
+      svg << "<rect class=\"device-peak\" data-device=\"" << dev << "\" data-bytes=\"" << p->peak << "\" x=\"" << kLabelW
+          << "\" y=\"" << dy << "\" width=\"" << w << "\" height=\"" << kDeviceH - 3 << "\" fill=\"#bbb\"><title>"
+          << html_escape(row.name) << ": " << dev << " peak " << fmt("%.2f", double(p->peak) / 1048576.0)
+          << " MiB</title></rect>\n<text x=\"" << kLabelW + w + 4 << "\" y=\"" << dy + kDeviceH - 3
+          << "\" font-size=\"9\">" << dev << " " << fmt("%.2f", double(p->peak) / 1048576.0) << "</text>\n";
+    }
     const double tw = kTimeW * row.ms_per_step / max_ms;
     svg << "<rect class=\"time\" data-ms=\"" << fmt("%.3f", row.ms_per_step) << "\" x=\"" << time_x << "\" y=\"" << y
-        << "\" width=\"" << tw << "\" height=\"" << kRowH - 6 << "\" fill=\"#888\"/>\n";
+        << "\" width=\"" << tw << "\" height=\"20\" fill=\"#888\"/>\n";
     svg << "<text x=\"" << time_x + tw + 4 << "\" y=\"" << y + 15 << "\">" << fmt("%.1f", row.ms_per_step)
         << "</text>\n";
   }
   // Axes: MiB under the memory bars, ms under the time bars, ticks at quarters of the largest.
-  const double axis_y = kTop + kRowH * double(r.rows.size()) + 6;
+  const double axis_y = kTop + row_h * double(r.rows.size()) + 6;
   auto axis = [&](double x0, double w, double max_value, const char* label) {
     svg << "<line x1=\"" << x0 << "\" y1=\"" << axis_y << "\" x2=\"" << x0 + w << "\" y2=\"" << axis_y
         << "\" stroke=\"#333\"/>\n";

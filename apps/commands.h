@@ -29,11 +29,16 @@ void add_plan_command(CLI::App& app);
 // `memgrad prune`: structured or magnitude pruning of a trained run into a new run directory.
 void add_prune_command(CLI::App& app);
 // `memgrad report RUN_DIR`: peak memory per device and category, largest tensors at the peak, its phase.
+// `memgrad report --run RUN_DIR`: first the run's own per-device peaks by category (device_peaks.json,
+// metrics.csv), then the profile when the run has one.
 void add_report_command(CLI::App& app);
 // `memgrad quantize`: post-training int8 quantization of a run, int8 vs fp32 (apps/quantize_command.cpp).
 void add_quantize_command(CLI::App& app);
 // The text `memgrad report` prints (apps/report_command.cpp); throws naming memory.json when it is
 // missing or malformed.
 std::string memory_report(const std::string& run_dir, size_t top = 10);
+// The text `memgrad report --run` prints; throws naming the file when the directory is not a run
+// or wrote no per-device peaks.
+std::string run_memory_report(const std::string& run_dir, size_t top = 10);
 
 }  // namespace mg

@@ -1,7 +1,11 @@
 // `memgrad report RUN_DIR`: a text summary of the memory profile a run wrote (memory.json's
 // "memgrad" object, written by MemoryProfiler::write): peak per device and category, the 10
 // largest tensors alive at the peak, and the step phase in which the peak happened.
+// `memgrad report --run RUN_DIR`: the run's own per-device peaks by category (device_peaks.json,
+// written by every training run; a split run has a row per device) and each device's highest step
+// peak in metrics.csv, then the profile above when the run was trained with --profile.
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +14,9 @@
 #include <sstream>
 
 #include "apps/commands.h"
+#include "apps/device_peaks_file.h"
+#include "apps/model_parallel_options.h"
+#include "apps/run_dir.h"
 #include "core/allocator.h"
 #include "core/error.h"
 
@@ -65,13 +72,51 @@ std::string memory_report(const std::string& run_dir, size_t top) {
   return o.str();
 }
 
+std::string run_memory_report(const std::string& run_dir, size_t top) {
+  const RunDir run(run_dir);
+  const nlohmann::json config = run.read_config();  // "... is not a run directory" otherwise
+  const ModelParallelOptions parallel = ModelParallelOptions::from_json(config.value("model_parallel", nlohmann::json()));
+  const DevicePeaksFile peaks = read_device_peaks(run_dir);
+  std::ostringstream o;
+  o << "run " << run_dir << ": " << (parallel.active() ? parallel.str() : "on " + config.value("device", std::string("?")))
+    << "\nper-device peaks by category over the steps after the first of " << peaks.steps
+    << (peaks.steps == 1 ? " (the only one)" : "") << " (device_peaks.json):\n"
+    << device_peaks_table(peaks.measured, peaks.predicted);
+  // metrics.csv: each device's highest step peak over the whole run (the first step too).
+  if (std::filesystem::exists(run.metrics_path())) {
+    const auto rows = read_metrics(run.metrics_path());
+    std::string line;
+    for (const DevicePeak& p : peaks.measured) {
+      const std::string column = parallel.active() ? "peak_bytes@" + p.device.str() : "peak_bytes";
+      int64_t highest = -1;
+      for (const auto& row : rows)
+        if (auto it = row.find(column); it != row.end() && !it->second.empty())
+          highest = std::max(highest, int64_t(std::stod(it->second)));
+      if (highest >= 0) line += (line.empty() ? "" : ", ") + p.device.str() + " " + format_bytes(highest);
+    }
+    if (!line.empty()) o << "highest step peak in metrics.csv (" << rows.size() << " steps): " << line << "\n";
+  }
+  if (std::filesystem::exists(std::filesystem::path(run_dir) / "memory.json"))
+    o << "memory profile (--profile, one step):\n" << memory_report(run_dir, top);
+  return o.str();
+}
+
 void add_report_command(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
+  auto run = std::make_shared<std::string>();
   auto top = std::make_shared<size_t>(10);
-  CLI::App* cmd = app.add_subcommand("report", "summarise the memory profile of a run directory (memory.json)");
-  cmd->add_option("run_dir", *dir, "run directory written by a training command with --profile")->required();
+  CLI::App* cmd = app.add_subcommand("report", "summarise the memory of a run directory: the profile (memory.json), or "
+                                               "with --run its per-device peaks by category first");
+  CLI::Option* positional =
+      cmd->add_option("run_dir", *dir, "run directory written by a training command with --profile");
+  CLI::Option* run_opt = cmd->add_option("--run", *run, "run directory of any training run (a split run: a row per "
+                                                        "device), with its profile when it has one");
+  positional->excludes(run_opt);
   cmd->add_option("--top", *top, "how many of the largest tensors at the peak to list")->capture_default_str();
-  cmd->callback([dir, top] { std::printf("%s", memory_report(*dir, *top).c_str()); });
+  cmd->callback([dir, run, top] {
+    MG_CHECK(!dir->empty() || !run->empty(), "report: give a run directory (memgrad report RUN_DIR or --run RUN_DIR)");
+    std::printf("%s", (run->empty() ? memory_report(*dir, *top) : run_memory_report(*run, *top)).c_str());
+  });
 }
 
 }  // namespace mg

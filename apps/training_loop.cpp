@@ -12,6 +12,7 @@
 #include <cstdio>
 
 #include "apps/ddp_setup.h"
+#include "apps/device_peaks_file.h"
 #include "apps/interrupt_guard.h"
 #include "apps/prune_run.h"
 #include "apps/run_setup.h"
@@ -236,13 +237,19 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
     if (task.checkpoint_due(step) || step == setup.total_steps || r.interrupted) checkpoint(step);
     if (r.interrupted) break;
   }
+  std::vector<DevicePeak> device_peaks;  // every device's steady peaks (one device: the run's)
+  for (size_t i = 0; i < meters.size(); ++i) {
+    DevicePeak p{.device = devices[i], .peak = meters[i].steady_peak(), .category = {},
+                 .modules = setup.parallel ? setup.parallel->placement.modules_on(devices[i]) : "all"};
+    for (MemoryCategory c : kAllMemoryCategories) p.category[size_t(c)] = meters[i].steady_category_peak(c);
+    device_peaks.push_back(p);
+  }
+  if (!ddp && step > state.step)  // for `memgrad report --run` (--ddp ranks share the folder: not written)
+    write_device_peaks(run.path(), {.measured = device_peaks,
+                                    .predicted = setup.parallel ? setup.parallel->predicted : std::vector<DevicePeak>{},
+                                    .steps = step - state.step});
   if (setup.parallel) {
-    for (size_t i = 0; i < meters.size(); ++i) {
-      DevicePeak p{.device = devices[i], .peak = meters[i].steady_peak(), .category = {},
-                   .modules = setup.parallel->placement.modules_on(devices[i])};
-      for (MemoryCategory c : kAllMemoryCategories) p.category[size_t(c)] = meters[i].steady_category_peak(c);
-      r.device_peaks.push_back(p);
-    }
+    r.device_peaks = device_peaks;
     if (step > state.step) {
       std::string table = device_peaks_table(r.device_peaks, setup.parallel->predicted);
       while (!table.empty() && table.back() == '\n') table.pop_back();

@@ -1,6 +1,8 @@
 // memory.html: a self-contained page (no network, no external scripts or fonts) with, per device,
 // an SVG stacked-area timeline of allocated bytes by category written here as static markup, the
-// peak marked with its numbers, and a table of the tensors alive at the peak.
+// peak marked with its numbers, and a table of the tensors alive at the peak. Several devices (a
+// split model): a table of every device's peak first, and the timelines share their time and
+// byte axes, so their heights compare.
 #include <algorithm>
 #include <cstdio>
 #include <sstream>
@@ -45,12 +47,18 @@ const char* phase_color(StepPhase p) {
   }
 }
 
-void device_section(std::ostringstream& h, const MemoryProfiler& p, const DeviceMemoryProfile& d) {
+// y_top: the bytes at the top of the plot (the highest peak of all devices).
+void device_section(std::ostringstream& h, const MemoryProfiler& p, const DeviceMemoryProfile& d, int64_t y_top) {
   const std::vector<MemoryProfiler::Point> tl = downsample(p.timeline(d.device), 1500);
   const double W = 960, H = 330, L = 70, R = 10, T = 20, B = 40;
-  const std::vector<MemoryProfiler::PhaseSpan> spans = p.phase_spans();
-  double t_end = std::max({1.0, tl.back().t_us, spans.empty() ? 0.0 : spans.back().end_us});
-  double y_max = double(std::max<int64_t>(1, d.peak_bytes));
+  const std::vector<MemoryProfiler::PhaseSpan> spans = p.phase_spans(d.device);
+  const std::vector<MemoryProfiler::PhaseSpan> all_spans = p.phase_spans();  // the devices' common time axis
+  double t_end = std::max({1.0, tl.back().t_us, all_spans.empty() ? 0.0 : all_spans.back().end_us});
+  for (const Device& other : p.devices()) {
+    const std::vector<MemoryProfiler::Point> o = p.timeline(other);
+    t_end = std::max(t_end, o.back().t_us);
+  }
+  double y_max = double(std::max<int64_t>(1, y_top));
   auto X = [&](double t) { return L + (W - L - R) * t / t_end; };
   auto Y = [&](double b) { return T + (H - T - B) * (1.0 - b / y_max); };
   h << "<section class=\"device\" data-device=\"" << html_escape(d.device.str()) << "\">\n<h2>" << html_escape(d.device.str())
@@ -102,7 +110,7 @@ void device_section(std::ostringstream& h, const MemoryProfiler& p, const Device
   }
   // Axes labels and the peak marker.
   h << "<text x=\"" << L - 4 << "\" y=\"" << T + 10 << "\" text-anchor=\"end\" font-size=\"11\">"
-    << html_escape(format_bytes(d.peak_bytes)) << "</text>\n<text x=\"" << L - 4 << "\" y=\"" << H - B
+    << html_escape(format_bytes(int64_t(y_max))) << "</text>\n<text x=\"" << L - 4 << "\" y=\"" << H - B
     << "\" text-anchor=\"end\" font-size=\"11\">0</text>\n<text x=\"" << W - R << "\" y=\"" << H - 4
     << "\" text-anchor=\"end\" font-size=\"11\">" << num(t_end / 1000.0) << " ms</text>\n";
   double px = X(d.peak_t_us);
@@ -145,7 +153,23 @@ std::string memory_profile_html(const MemoryProfiler& p, const MemoryProfileSumm
        "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;margin:.5em 0}"
        "td,th{border:1px solid #ddd;padding:2px 8px;font-size:13px;text-align:left}</style></head><body>\n"
        "<h1>Memory profile</h1>\n";
-  for (const DeviceMemoryProfile& d : s.devices) device_section(h, p, d);
+  int64_t y_top = 1;
+  for (const DeviceMemoryProfile& d : s.devices) y_top = std::max(y_top, d.peak_bytes);
+  if (s.devices.size() > 1) {  // a split model: every device's peak at a glance
+    h << "<table class=\"devices\"><tr><th>device</th><th>peak allocated</th><th>phase</th>";
+    for (MemoryCategory c : kAllMemoryCategories) h << "<th>" << category_name(c) << " at peak</th>";
+    h << "</tr>\n";
+    for (const DeviceMemoryProfile& d : s.devices) {
+      h << "<tr data-device=\"" << html_escape(d.device.str()) << "\"><td>" << html_escape(d.device.str())
+        << "</td><td data-bytes=\"" << d.peak_bytes << "\">" << html_escape(format_bytes(d.peak_bytes)) << "</td><td>"
+        << step_phase_name(d.peak_phase) << "</td>";
+      for (MemoryCategory c : kAllMemoryCategories) h << "<td>" << html_escape(format_bytes(d.at_peak[size_t(c)])) << "</td>";
+      h << "</tr>\n";
+    }
+    h << "</table>\n<p>The timelines below share their time axis and their byte axis (0 to "
+      << html_escape(format_bytes(y_top)) << ").</p>\n";
+  }
+  for (const DeviceMemoryProfile& d : s.devices) device_section(h, p, d, s.devices.size() > 1 ? y_top : d.peak_bytes);
   // Marks the page as rendered by a browser (the headless test reads these attributes back).
   h << "<script>document.body.setAttribute('data-rendered-areas',"
        "String(document.querySelectorAll('svg.timeline polygon.area').length));</script>\n</body></html>\n";

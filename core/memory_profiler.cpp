@@ -39,6 +39,26 @@ void MemoryProfiler::on_phase(void* self, StepPhase now) {
   auto* p = static_cast<MemoryProfiler*>(self);
   std::lock_guard<std::mutex> lk(p->mu_);
   p->phase_marks_.push_back({double(now_ns() - p->t0_ns_) / 1000.0, now});
+  if (p->phase_thread_ == std::thread::id()) p->phase_thread_ = std::this_thread::get_id();
+  else if (p->phase_thread_ != std::this_thread::get_id()) p->phases_from_many_threads_ = true;
+}
+
+std::vector<MemoryProfiler::PhaseSpan> MemoryProfiler::phase_spans(Device d) const {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (!phases_from_many_threads_) {
+    lk.unlock();
+    return phase_spans();
+  }
+  std::vector<PhaseSpan> out;  // Note [Phases per device]
+  const double end = active_ ? double(now_ns() - t0_ns_) / 1000.0 : stop_t_us_;
+  for (const ProfileEvent& e : events_) {
+    if (!(e.device == d)) continue;
+    if (!out.empty() && out.back().phase == e.phase) continue;  // the span goes on
+    if (!out.empty()) out.back().end_us = e.t_us;
+    out.push_back({e.phase, e.t_us, end});
+  }
+  std::erase_if(out, [](const PhaseSpan& s) { return s.phase == StepPhase::none || !(s.end_us > s.begin_us); });
+  return out;
 }
 
 std::vector<MemoryProfiler::PhaseSpan> MemoryProfiler::phase_spans() const {
@@ -82,6 +102,8 @@ void MemoryProfiler::start() {
     }
     t0_ns_ = now_ns();
     phase_marks_.assign(1, {0.0, current_step_phase()});
+    phase_thread_ = std::thread::id();
+    phases_from_many_threads_ = false;
   }
   add_allocator_observer(this);
   set_step_phase_listener(&MemoryProfiler::on_phase, this);
@@ -224,7 +246,7 @@ std::string MemoryProfiler::trace_json() const {
                       {"ts", tl[i].t_us}, {"args", {{"bytes", tl[i].bytes[size_t(c)]}}}});
     }
     // Step phases as complete events ("X"), from the recorded phase changes.
-    for (const PhaseSpan& sp : phase_spans())
+    for (const PhaseSpan& sp : phase_spans(d))
       ev.push_back({{"name", std::string(step_phase_name(sp.phase))}, {"cat", "phase"}, {"ph", "X"}, {"pid", pid},
                     {"tid", 1}, {"ts", sp.begin_us}, {"dur", sp.end_us - sp.begin_us}});
     const DeviceMemoryProfile& p = s.devices[slot];

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -103,6 +104,11 @@ class MemoryProfiler : public AllocatorObserver {
     double begin_us, end_us;
   };
   std::vector<PhaseSpan> phase_spans() const;
+  // The phases as device d saw them. Note [Phases per device]: when every phase change came from
+  // one thread these are phase_spans(); when several threads changed phases (a pipeline's
+  // workers, a thread per stage, each in its own forward or backward) one global strip would
+  // interleave them, so d's spans are the runs of equal phase among d's own events instead.
+  std::vector<PhaseSpan> phase_spans(Device d) const;
 
  private:
   static void on_phase(void* self, StepPhase now);
@@ -118,6 +124,8 @@ class MemoryProfiler : public AllocatorObserver {
   std::vector<int64_t> start_allocated_;
   double stop_t_us_ = 0;
   std::vector<std::pair<double, StepPhase>> phase_marks_;  // (t_us, phase from then on)
+  std::thread::id phase_thread_{};   // the thread of the first phase change
+  bool phases_from_many_threads_ = false;
   int device_slot(Device d) const;  // -1 when not watched
 };
 

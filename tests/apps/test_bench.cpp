@@ -1,6 +1,7 @@
 // memgrad bench on tiny models: every combination runs, checkpointing and accumulation lower the
 // activation peak, bf16-pure halves the parameter bytes, the ratios are against `none`, the csv
-// and html are written, and bad combinations are errors naming the part.
+// and html are written, and bad combinations are errors naming the part. With --devices, split=
+// and pipeline= rows get a peak per device in the table, bench.csv and bench.html.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -13,7 +14,7 @@
 using namespace mg;
 using namespace mg::test;
 
-TEST_CASE("memgrad bench: a tiny GPT under several combinations", "[apps]") {
+TEST_CASE("memgrad bench: a tiny GPT under several combinations", "[apps][bench]") {
   DataTempDir dir("bench");
   BenchOptions o;
   o.gpt = GPTConfig{.vocab_size = 256, .context = 32, .n_layer = 4, .n_head = 2, .d_model = 32};
@@ -76,7 +77,7 @@ TEST_CASE("memgrad bench: a tiny GPT under several combinations", "[apps]") {
   CHECK_THROWS_WITH(run_bench(o), Catch::Contains("already holds a bench.csv"));
 }
 
-TEST_CASE("memgrad bench: combinations are parsed strictly", "[apps]") {
+TEST_CASE("memgrad bench: combinations are parsed strictly", "[apps][bench]") {
   const Device cpu0 = kCPU;
   Combination c = parse_combination("ckpt+bf16+accum4", 8, cpu0);
   CHECK(c.techniques.checkpoint.str() == "blocks");
@@ -91,4 +92,87 @@ TEST_CASE("memgrad bench: combinations are parsed strictly", "[apps]") {
   BenchOptions o;
   o.model = "resnet";
   CHECK_THROWS_WITH(run_bench(o), Catch::Contains("unknown --model 'resnet'"));
+}
+
+TEST_CASE("memgrad bench: split= and pipeline= are parsed strictly", "[apps][bench][parallel]") {
+  const Device cpu0 = kCPU;
+  const std::vector<Device> two = {Device("cpu:3"), Device("cpu:4")};
+  Combination c = parse_combination("split=balanced+pipeline=1f1b+accum4", 8, cpu0, two);
+  REQUIRE(c.parallel.split);
+  CHECK(c.parallel.split->str() == "balanced");
+  CHECK(c.parallel.pipeline == PipelineKind::one_f_one_b);
+  CHECK(c.parallel.devices == two);
+  CHECK(c.techniques.micro_batch == 2);
+  CHECK(parse_combination("split=stages:2+ckpt", 8, cpu0, two).parallel.split->stages == 2);
+  CHECK(parse_combination("split=tensor", 8, cpu0, two).parallel.split->kind == SplitSpec::Kind::tensor);
+  CHECK_FALSE(parse_combination("ckpt", 8, cpu0, two).parallel.active());
+  CHECK_THROWS_WITH(parse_combination("split=balanced", 8, cpu0), Catch::Contains("give them, e.g. --devices cpu:0,cpu:1"));
+  CHECK_THROWS_WITH(parse_combination("split=halves", 8, cpu0, two),
+                    Catch::Contains("'split=halves' in 'split=halves'") && Catch::Contains("unknown strategy"));
+  CHECK_THROWS_WITH(parse_combination("split=stages:2+pipeline=zigzag+accum2", 8, cpu0, two),
+                    Catch::Contains("'pipeline=zigzag'"));
+  CHECK_THROWS_WITH(parse_combination("split=stages:2+pipeline=1f1b", 8, cpu0, two), Catch::Contains("add accumN"));
+  CHECK_THROWS_WITH(parse_combination("pipeline=1f1b+accum2", 8, cpu0, two), Catch::Contains("add split=stages:K"));
+  CHECK_THROWS_WITH(parse_combination("split=tensor+pipeline=gpipe+accum2", 8, cpu0, two),
+                    Catch::Contains("--split tensor slices every block"));
+  CHECK_THROWS_WITH(parse_combination("split=balanced+split=tensor", 8, cpu0, two), Catch::Contains("names two splits"));
+  CHECK_THROWS_WITH(parse_combination("split=balanced", 8, cpu0, {Device("cpu:3")}),
+                    Catch::Contains("needs --devices with at least two devices"));
+  CHECK_THROWS_WITH(parse_combinations("none,ckpt", 8, cpu0, two), Catch::Contains("none of --techniques does"));
+}
+
+TEST_CASE("memgrad bench --devices: a tiny GPT split over two devices, a peak column per device", "[apps][bench][parallel]") {
+  DataTempDir dir("bench_devices");
+  BenchOptions o;
+  o.gpt = GPTConfig{.vocab_size = 256, .context = 16, .n_layer = 4, .n_head = 2, .d_model = 32};
+  o.data = write_tiny_token_file(dir);
+  o.techniques = "none,split=balanced,split=stages:2+pipeline=1f1b+accum4";
+  o.steps = 2;
+  o.batch = 4;
+  o.device = "cpu:3";
+  o.devices = {Device("cpu:3"), Device("cpu:4")};
+  o.out = dir.file("bench");
+  o.progress = ProgressStyle::none;
+  const BenchResult r = run_bench(o);
+  const std::string table = r.table();
+  INFO(table);
+  REQUIRE(r.rows.size() == 3);
+  CHECK(r.device_columns == o.devices);
+  const BenchRow& one = r.rows[0];
+  REQUIRE(one.device_peaks.size() == 1);
+  CHECK(one.on(Device("cpu:3"))->peak == one.memory.peak);
+  CHECK(one.on(Device("cpu:4")) == nullptr);
+  for (size_t i = 1; i < 3; ++i) {
+    const BenchRow& row = r.rows[i];
+    REQUIRE(row.device_peaks.size() == 2);
+    int64_t larger = 0;
+    for (const DevicePeak& p : row.device_peaks) {
+      CHECK(p.of(MemoryCategory::parameter) > 0);
+      CHECK(p.peak < one.memory.peak);  // each device holds part of the model
+      larger = std::max(larger, p.peak);
+    }
+    CHECK(row.memory.peak == larger);  // the row's total is the largest device's
+  }
+  CHECK(r.rows[2].micro_batch == 1);
+  CHECK_THAT(table, Catch::Contains("@cpu:3") && Catch::Contains("@cpu:4") && Catch::Contains("wte,wpe,h."));
+  // bench.csv: the split and a peak per device ("" where a row did not use the device).
+  const auto rows = read_metrics(o.out + "/bench.csv");
+  REQUIRE(rows.size() == 3);
+  CHECK(rows[0].at("peak_bytes@cpu:4").empty());
+  CHECK(rows[0].at("peak_bytes@cpu:3") == std::to_string(one.memory.peak));
+  CHECK(rows[1].at("split") == "balanced");
+  CHECK(rows[2].at("pipeline") == "1f1b");
+  CHECK(rows[2].at("peak_bytes@cpu:4") == std::to_string(r.rows[2].on(Device("cpu:4"))->peak));
+  CHECK(rows[1].at("peak_parameter_bytes@cpu:4") ==
+        std::to_string(r.rows[1].on(Device("cpu:4"))->of(MemoryCategory::parameter)));
+  std::ifstream html(o.out + "/bench.html");
+  std::stringstream ss;
+  ss << html.rdbuf();
+  CHECK(ss.str().find("class=\"device-peak\" data-device=\"cpu:4\" data-bytes=\"" +
+                      std::to_string(r.rows[1].on(Device("cpu:4"))->peak) + "\"") != std::string::npos);
+
+  BenchOptions bad = o;
+  bad.out = dir.file("bad");
+  bad.devices = {};
+  CHECK_THROWS_WITH(run_bench(bad), Catch::Contains("splits the model over --devices"));
 }
