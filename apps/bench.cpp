@@ -284,9 +284,12 @@ BenchResult run_bench(const BenchOptions& o) {
     }
     if (o.data_parallel.enabled) row.rank_memory = gather_rank_memory(row.memory);
     if (o.progress != ProgressStyle::none && launch.rank == 0) {
-      std::printf("bench %-22s peak %8.2f MiB  activations %8.2f MiB  %8.1f ms/step  loss %.4f\n", c.name.c_str(),
+      std::string devices;  // a split row: every device's peak
+      if (c.parallel.active())
+        for (const DevicePeak& p : row.device_peaks) devices += "  " + p.device.str() + " " + format_bytes(p.peak);
+      std::printf("bench %-22s peak %8.2f MiB  activations %8.2f MiB  %8.1f ms/step  loss %.4f%s\n", c.name.c_str(),
                   mib(row.memory.peak), mib(row.memory.category[size_t(MemoryCategory::activation)]), row.ms_per_step,
-                  row.loss);
+                  row.loss, devices.c_str());
       std::fflush(stdout);
     }
     r.rows.push_back(row);
@@ -321,7 +324,9 @@ std::string BenchResult::table() const {
   if (!device_columns.empty())
     os << "split rows: 'total' is the largest device's peak, each device's own follows its row; a pipeline's stages "
           "each get 1/p of the threads, so every row uses the same threads in all\n";
-  std::snprintf(line, sizeof(line), "%-22s %8s %8s %8s %8s %8s %8s %8s %9s %9s %9s %10s %8s %6s %6s %6s", "combination",
+  int name_w = 22;  // the combination column: as wide as the longest name
+  for (const BenchRow& row : rows) name_w = std::max(name_w, int(row.name.size()));
+  std::snprintf(line, sizeof(line), "%-*s %8s %8s %8s %8s %8s %8s %8s %9s %9s %9s %10s %8s %6s %6s %6s", name_w, "combination",
                 "param", "grad", "optim", "activ", "work", "input", "total", "reserved", "offloaded", "ms/step",
                 unit.c_str(), "loss", "mem", "act", "time");
   os << line;
@@ -335,8 +340,8 @@ std::string BenchResult::table() const {
     auto cat = [&](MemoryCategory k) { return mib(c[size_t(k)]); };
     auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
     std::snprintf(line, sizeof(line),
-                  "%-22s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %9.2f %9.1f %10.0f %8.4f %5.2fx %5.2fx %5.2fx",
-                  row.name.c_str(), cat(MemoryCategory::parameter), cat(MemoryCategory::gradient),
+                  "%-*s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f %9.2f %9.1f %10.0f %8.4f %5.2fx %5.2fx %5.2fx",
+                  name_w, row.name.c_str(), cat(MemoryCategory::parameter), cat(MemoryCategory::gradient),
                   cat(MemoryCategory::optimizer_state), cat(MemoryCategory::activation), cat(MemoryCategory::workspace),
                   cat(MemoryCategory::input), mib(row.memory.peak), mib(row.memory.reserved), mib(row.offloaded_bytes),
                   row.ms_per_step,
@@ -352,7 +357,8 @@ std::string BenchResult::table() const {
     os << "\n";
     if (row.parallel.active())  // a split row: each device's own peaks per category
       for (const DevicePeak& p : row.device_peaks) {
-        std::snprintf(line, sizeof(line), "  %-20s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f  %s\n", p.device.str().c_str(),
+        std::snprintf(line, sizeof(line), "  %-*s %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f  %s\n", name_w - 2,
+                      p.device.str().c_str(),
                       mib(p.of(MemoryCategory::parameter)), mib(p.of(MemoryCategory::gradient)),
                       mib(p.of(MemoryCategory::optimizer_state)), mib(p.of(MemoryCategory::activation)),
                       mib(p.of(MemoryCategory::workspace)), mib(p.of(MemoryCategory::input)), mib(p.peak),
@@ -362,7 +368,7 @@ std::string BenchResult::table() const {
     for (size_t k = 0; k < row.rank_memory.size(); ++k) {  // --ddp: each rank's own peaks
       const auto& m = row.rank_memory[k];
       auto rc = [&](MemoryCategory x) { return mib(m.category[size_t(x)]); };
-      std::snprintf(line, sizeof(line), "  rank %-15zu %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f\n", k,
+      std::snprintf(line, sizeof(line), "  rank %-*zu %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %8.2f %9.2f\n", name_w - 7, k,
                     rc(MemoryCategory::parameter), rc(MemoryCategory::gradient), rc(MemoryCategory::optimizer_state),
                     rc(MemoryCategory::activation), rc(MemoryCategory::workspace), rc(MemoryCategory::input), mib(m.peak),
                     mib(m.reserved));
