@@ -2,6 +2,7 @@
 // of its real peak (the allocator's peak allocated bytes, split into what each category held at
 // that moment), a bar of its median step time beside it, both on labelled axes, and the table. The SVG is static markup, so any browser (or a test) can read it.
 // With --devices, a thin bar per device under each row's bar: that device's own peak, same scale.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -24,25 +25,27 @@ std::string fmt(const char* f, double v) {
 }  // namespace
 
 void write_bench_html(const BenchResult& r, const std::string& path) {
-  constexpr double kLabelW = 190, kMemW = 420, kGap = 40, kTimeW = 260, kTop = 40, kDeviceH = 11;
+  constexpr double kMemW = 420, kGap = 60, kTimeW = 260, kTop = 40, kDeviceH = 11;
+  double label_w = 190;  // wide enough for the longest name (~7 px per character)
+  for (const BenchRow& row : r.rows) label_w = std::max(label_w, 7.0 * double(row.name.size()) + 12);
   const double row_h = 26 + kDeviceH * double(r.device_columns.size());
   double max_mem = 1, max_ms = 1e-9;
   for (const BenchRow& row : r.rows) {
     max_mem = std::max(max_mem, double(row.memory.peak));
     max_ms = std::max(max_ms, row.ms_per_step);
   }
-  const double width = kLabelW + kMemW + kGap + kTimeW + 80, height = kTop + row_h * double(r.rows.size()) + 80;
-  const double time_x = kLabelW + kMemW + kGap;
+  const double width = label_w + kMemW + kGap + kTimeW + 80, height = kTop + row_h * double(r.rows.size()) + 80;
+  const double time_x = label_w + kMemW + kGap;
   std::ostringstream svg;
   svg << "<svg id=\"bench-chart\" xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
       << "\" font-family=\"sans-serif\" font-size=\"12\">\n";
-  svg << "<text x=\"" << kLabelW << "\" y=\"20\">peak allocated memory (MiB), split by what each category held at the peak</text>\n";
+  svg << "<text x=\"" << label_w << "\" y=\"20\">peak allocated memory (MiB), split by what each category held at the peak</text>\n";
   svg << "<text x=\"" << time_x << "\" y=\"20\">median step time (ms)</text>\n";
   for (size_t i = 0; i < r.rows.size(); ++i) {
     const BenchRow& row = r.rows[i];
     const double y = kTop + row_h * double(i);
     svg << "<text x=\"4\" y=\"" << y + 15 << "\">" << html_escape(row.name) << "</text>\n";
-    double x = kLabelW;
+    double x = label_w;
     for (MemoryCategory c : kAllMemoryCategories) {
       const double bytes = double(row.memory.at_peak[size_t(c)]);
       if (bytes <= 0) continue;
@@ -60,10 +63,10 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
       if (!p) continue;
       const double dy = y + 22 + kDeviceH * double(k), w = kMemW * double(p->peak) / max_mem;
       const std::string dev = html_escape(p->device.str());
-      svg << "<rect class=\"device-peak\" data-device=\"" << dev << "\" data-bytes=\"" << p->peak << "\" x=\"" << kLabelW
+      svg << "<rect class=\"device-peak\" data-device=\"" << dev << "\" data-bytes=\"" << p->peak << "\" x=\"" << label_w
           << "\" y=\"" << dy << "\" width=\"" << w << "\" height=\"" << kDeviceH - 3 << "\" fill=\"#bbb\"><title>"
           << html_escape(row.name) << ": " << dev << " peak " << fmt("%.2f", double(p->peak) / 1048576.0)
-          << " MiB</title></rect>\n<text x=\"" << kLabelW + w + 4 << "\" y=\"" << dy + kDeviceH - 3
+          << " MiB</title></rect>\n<text x=\"" << label_w + w + 4 << "\" y=\"" << dy + kDeviceH - 3
           << "\" font-size=\"9\">" << dev << " " << fmt("%.2f", double(p->peak) / 1048576.0) << "</text>\n";
     }
     const double tw = kTimeW * row.ms_per_step / max_ms;
@@ -86,9 +89,9 @@ void write_bench_html(const BenchResult& r, const std::string& path) {
     svg << "<text class=\"axis-label\" x=\"" << x0 + w / 2 - 60 << "\" y=\"" << axis_y + 32 << "\">" << label
         << "</text>\n";
   };
-  axis(kLabelW, kMemW, max_mem / 1048576.0, "peak allocated (MiB)");
+  axis(label_w, kMemW, max_mem / 1048576.0, "peak allocated (MiB)");
   axis(time_x, kTimeW, max_ms, "median step time (ms)");
-  double lx = kLabelW;
+  double lx = label_w;
   for (MemoryCategory c : kAllMemoryCategories) {
     svg << "<rect x=\"" << lx << "\" y=\"" << axis_y + 44 << "\" width=\"10\" height=\"10\" fill=\"" << category_color(c)
         << "\"/><text x=\"" << lx + 13 << "\" y=\"" << axis_y + 53 << "\">" << category_name(c) << "</text>\n";
