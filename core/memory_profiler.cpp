@@ -245,7 +245,8 @@ std::string MemoryProfiler::trace_json() const {
         ev.push_back({{"name", std::string(category_name(c))}, {"ph", "C"}, {"pid", pid}, {"tid", 0},
                       {"ts", tl[i].t_us}, {"args", {{"bytes", tl[i].bytes[size_t(c)]}}}});
     }
-    // Step phases as complete events ("X"), from the recorded phase changes.
+    // Step phases as complete events ("X"), from the recorded phase changes (per device under
+    // pipeline workers: Note [Phases per device]).
     for (const PhaseSpan& sp : phase_spans(d))
       ev.push_back({{"name", std::string(step_phase_name(sp.phase))}, {"cat", "phase"}, {"ph", "X"}, {"pid", pid},
                     {"tid", 1}, {"ts", sp.begin_us}, {"dur", sp.end_us - sp.begin_us}});
