@@ -164,9 +164,10 @@ ConvBNReLU6::ConvBNReLU6(std::shared_ptr<Conv2d> c, std::shared_ptr<BatchNorm2d>
 Tensor ConvBNReLU6::forward(const Tensor& x) {
   auto scope = forward_scope();
   Tensor y = conv->forward(x);  // (N, out, H', W')
-  if (!recompute_bn_relu) return act->forward(bn->forward(y));
+  // bn and act run as one op (batch_norm_relu6): the ReLU6 keeps no input of its own.
+  if (!recompute_bn_relu) return bn->forward_relu6(y);
   // Selective checkpointing: the convolution's output is the only tensor kept.
-  return checkpoint([bn = bn, act = act](const Tensor& t) { return act->forward(bn->forward(t)); }, y);
+  return checkpoint([bn = bn](const Tensor& t) { return bn->forward_relu6(t); }, y);
 }
 
 std::shared_ptr<ConvBNReLU6> conv_bn_relu6(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t groups,

@@ -51,9 +51,10 @@ struct MobileNetV2Config {
 int64_t make_divisible(double v, int64_t divisor = 8);
 
 // Conv2d (no bias, padding (k-1)/2), BatchNorm2d and ReLU6: torchvision's Conv2dNormActivation
-// (whose children are "0", "1", "2"), here named conv, bn, act. With recompute_bn_relu (selective
-// checkpointing) only the convolution's output is saved; the normalised and clipped tensors
-// are recomputed in backward.
+// (whose children are "0", "1", "2"), here named conv, bn, act. Training runs bn and act as one op
+// (BatchNorm2d::forward_relu6): the block saves the convolution's output and no normalised tensor;
+// act stays a child for names, torchvision weights and the int8 model. With recompute_bn_relu
+// (selective checkpointing) the normalised and clipped output is recomputed in backward.
 class ConvBNReLU6 : public UnaryModule {
  public:
   ConvBNReLU6(std::shared_ptr<Conv2d> conv, std::shared_ptr<BatchNorm2d> bn);

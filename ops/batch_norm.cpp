@@ -11,6 +11,15 @@
 // layer_norm, x-hat would be a fresh (N, C, H, W) tensor, while x is the caller's own (at worst C
 // floats more than x-hat + rstd); the (C) statistics are copies, so later in-place updates of the
 // running buffers cannot reach backward. On cuda:N the same steps are ops/cuda/batch_norm.cu.
+//
+// batch_norm_relu6 is relu6(batch_norm(x)) in one op (MobileNetV2's BN + ReLU6), in the spirit
+// of in-place activated batch norm (Rota Bulo et al. 2018): the separate op pair saves x for the
+// batch norm and the (N, C, H, W) batch norm output for the ReLU6; the fused op saves x alone (plus
+// bias, C values) and its backward recomputes which outputs the clamp cut, z = x * scale + shift
+// by the forward's own formula, so it masks exactly the same gradients. (A clamp cannot be
+// inverted from its output, so keeping only the output, as the paper does for leaky ReLU, would
+// lose the x-hat that the statistics' gradient needs at clipped positions.) The output is the
+// pair's bit for bit, and so are the gradients.
 #include <algorithm>
 #include <cmath>
 
@@ -19,6 +28,7 @@
 #include "ops/autocast_policy.h"
 #include "ops/cpu_loops.h"
 #include "ops/cuda/launchers.h"
+#include "ops/kernels/elementwise_functors.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -140,55 +150,102 @@ void channel_stats(double* mean, double* var, const Tensor& x, const ChannelLayo
   });
 }
 
-// y = x * scale + shift per channel (scale = rstd * w, shift = b - mean * scale), parallel over
-// the N * C planes of S values. T: x and y; P: w and b (T, or f32 for a 16-bit T).
-template <class T, class P>
+// Channel c's affine map: y = x * scale + shift, scale = rstd * w, shift = b - mean * scale.
+// The forward and batch_norm_relu6's backward both evaluate it through here, so the backward's
+// recomputed outputs have the forward's bits.
+template <class S>
+struct ChannelAffine {
+  S scale, shift;
+  S operator()(S x) const { return x * scale + shift; }
+};
+
+// The affine parameters as read by the kernels: w and b (C) of dtype P, either may be absent.
+template <class P>
+struct AffineParams {
+  const P* w = nullptr;
+  const P* b = nullptr;
+  int64_t ws = 0, bs = 0;
+  AffineParams(const Tensor& weight, const Tensor& bias) {
+    if (weight.defined()) w = weight.data<P>(), ws = weight.stride(0);
+    if (bias.defined()) b = bias.data<P>(), bs = bias.stride(0);
+  }
+  template <class S>
+  ChannelAffine<S> channel(int64_t c, S mean, S rstd) const {
+    const S scale = rstd * (w ? S(compute_t<P>(w[c * ws])) : S(1));
+    return {scale, (b ? S(compute_t<P>(b[c * bs])) : S(0)) - mean * scale};
+  }
+};
+
+// y = x * scale + shift per channel (then clamped to [0, 6] with Relu6), parallel over the
+// N * C planes of S values. T: x and y; P: w and b (T, or f32 for a 16-bit T).
+template <class T, class P, bool Relu6>
 void normalize_kernel(const Tensor& y, const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
                       const Tensor& b, const ChannelLayout& l) {
   using S = stat_t<T>;
   const T* px = x.data<T>();
   T* py = y.data<T>();
   const S *pm = mean.data<S>(), *pr = rstd.data<S>();
-  const P* pw = w.defined() ? w.data<P>() : nullptr;
-  const P* pb = b.defined() ? b.data<P>() : nullptr;
-  int64_t ws = w.defined() ? w.stride(0) : 0, bs = b.defined() ? b.stride(0) : 0;
+  const AffineParams<P> params(w, b);
   parallel_for(0, l.N * l.C, std::max<int64_t>(1, 16384 / l.S), [&](int64_t pb_, int64_t pe) {
     S xbuf[kBlock];
     for (int64_t plane = pb_; plane < pe; ++plane) {
-      int64_t c = plane % l.C;
-      const S scale = pr[c] * (pw ? S(compute_t<P>(pw[c * ws])) : S(1));
-      const S shift = (pb ? S(compute_t<P>(pb[c * bs])) : S(0)) - S(pm[c]) * scale;
+      const int64_t c = plane % l.C;
+      const ChannelAffine<S> affine = params.channel(c, pm[c], pr[c]);
       for (int64_t s = 0; s < l.S; s += kBlock) {
         const int64_t n = std::min(kBlock, l.S - s);
         const S* xv = detail::load_block(px + plane * l.S + s, 1, n, xbuf);
-        detail::store_block(py + plane * l.S + s, n, [&](int64_t i) { return xv[i] * scale + shift; });
+        detail::store_block(py + plane * l.S + s, n, [&](int64_t i) {
+          // relu6 of the rounded output equals the rounded relu6: 0 and 6 are exact in every dtype.
+          if constexpr (Relu6) return fn::Relu6{}(affine(xv[i]));
+          else return affine(xv[i]);
+        });
       }
     }
   });
 }
 
+// g with the gradients of clamped outputs zeroed (what ReLU6's backward passes to batch norm's),
+// for one block of channel c: z is recomputed as the forward stored it (rounded to T), then masked.
+template <class T, class S>
+const S* relu6_masked_block(const S* g, const S* xv, int64_t n, const ChannelAffine<S>& affine, S* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const S z = S(compute_t<T>(T(affine(xv[i]))));
+    out[i] = fn::Relu6Backward{}(g[i], z);
+  }
+  return out;
+}
+
 // Per channel: sum dy (-> dbias) and sum dy * xhat (-> dweight); then dx. Training backward
 // also carries the gradient through the batch statistics; eval's statistics are constants.
-// T: dy, x and dx; P: w, dw and db.
-template <class T, class P>
+// T: dy, x and dx; P: w, dw and db. With Relu6 (batch_norm_relu6), dy is the gradient of the
+// clamped output and b the bias: dy is masked where the recomputed output was clamped.
+template <class T, class P, bool Relu6>
 void batch_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor& db, const Tensor& dy,
                                 const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
-                                const ChannelLayout& l, bool training) {
+                                const Tensor& b, const ChannelLayout& l, bool training) {
   using S = stat_t<T>;
   const T *pdy = dy.data<T>(), *px = x.data<T>();
   const S *pm = mean.data<S>(), *pr = rstd.data<S>();
   const P* pw = w.defined() ? w.data<P>() : nullptr;
   int64_t wst = w.defined() ? w.stride(0) : 0;
+  const AffineParams<P> params(w, b);
   T* pdx = dx.defined() ? dx.data<T>() : nullptr;
   P* pdw = dw.defined() ? dw.data<P>() : nullptr;
   P* pdb = db.defined() ? db.data<P>() : nullptr;
   for_channels(l, [&](int64_t c) {
-    S gbuf[kBlock], xbuf[kBlock];
+    S gbuf[kBlock], xbuf[kBlock], mbuf[kBlock];
     const S m = pm[c], r = pr[c];
+    const ChannelAffine<S> affine = params.channel(c, m, r);
+    // dy's block o of n values, masked for Relu6; xv: x's same block.
+    auto grad_block = [&](int64_t o, int64_t n, const S* xv) {
+      const S* g = detail::load_block(pdy + o, 1, n, gbuf);
+      if constexpr (Relu6) return relu6_masked_block<T>(g, xv, n, affine, mbuf);
+      else return g;
+    };
     double sdy = 0, sdyc = 0;  // sum dy, sum dy * (x - mean)
     for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
-      block_grad_sums(detail::load_block(pdy + o, 1, n, gbuf), detail::load_block(px + o, 1, n, xbuf), n, m, sdy,
-                      sdyc);
+      const S* xv = detail::load_block(px + o, 1, n, xbuf);
+      block_grad_sums(grad_block(o, n, xv), xv, n, m, sdy, sdyc);
     });
     const double sdyh = sdyc * double(r);  // sum dy * xhat
     if (pdw) pdw[c] = P(S(sdyh));
@@ -201,8 +258,8 @@ void batch_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
     const S a = training ? S(sdy / double(l.count())) : S(0);
     const S bh = training ? S(sdyh / double(l.count())) : S(0);
     for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
-      const S* g = detail::load_block(pdy + o, 1, n, gbuf);
       const S* xv = detail::load_block(px + o, 1, n, xbuf);
+      const S* g = grad_block(o, n, xv);
       detail::store_block(pdx + o, n, [&](int64_t i) { return k * (g[i] - a - (xv[i] - m) * r * bh); });
     });
   });
@@ -210,13 +267,14 @@ void batch_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
 
 class BatchNormBackward : public Node {
  public:
-  BatchNormBackward(bool training, DType param_dtype) : training_(training), param_dtype_(param_dtype) {}
-  std::string_view name() const override { return "BatchNormBackward"; }
+  BatchNormBackward(bool training, DType param_dtype, bool relu6)
+      : training_(training), param_dtype_(param_dtype), relu6_(relu6) {}
+  std::string_view name() const override { return relu6_ ? "BatchNormReLU6Backward" : "BatchNormBackward"; }
   std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
     bool need_dx = needs_input_grad(0), need_dw = needs_input_grad(1), need_db = needs_input_grad(2);
     int64_t C = g[0].size(1);
     std::vector<int64_t> not_channel = g[0].dim() == 4 ? std::vector<int64_t>{0, 2, 3} : std::vector<int64_t>{0};
-    if (!need_dx && !need_dw) {  // dbias only, summed in the bias's dtype
+    if (!need_dx && !need_dw && !relu6_) {  // dbias only, summed in the bias's dtype
       Tensor dy = g[0].dtype() == param_dtype_ ? g[0] : cast(g[0], param_dtype_);
       return {Tensor(), Tensor(), sum(dy, not_channel)};
     }
@@ -234,17 +292,26 @@ class BatchNormBackward : public Node {
     }
     Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();  // on meta too: exact bytes
     Tensor wv = weight.defined() ? weight.unpack() : Tensor();
+    Tensor bv = bias.defined() ? bias.unpack() : Tensor();
     if (dy.is_meta()) return {dx, dw, db};
     ChannelLayout l = channel_layout(xv);
     if (dy.device().is_cuda()) {
+      if (relu6_) {  // the clamp's mask from the recomputed output, in a workspace buffer
+        MemoryCategoryGuard ws(MemoryCategory::workspace);
+        Tensor masked = empty(dy.shape(), opt);
+        cuda::batch_norm_normalize(masked, xv, mv, rv, wv, bv, l.N, l.C, l.S);
+        cuda::binary(cuda::BinaryOp::relu6_backward, masked, dy, masked);
+        dy = masked;
+      }
       cuda::batch_norm_backward(dx, dw, db, dy, xv, mv, rv, wv, l.N, l.C, l.S, training_);
       return {dx, dw, db};
     }
     MG_DISPATCH_FLOAT(dy.dtype(), "batch_norm backward", [&] {
       using T = scalar_t;
       dispatch_param<T>(param_dtype_, [&](auto* p) {
-        batch_norm_backward_kernel<T, std::remove_pointer_t<decltype(p)>>(dx, dw, db, dy, xv, mv, rv, wv, l,
-                                                                           training_);
+        using P = std::remove_pointer_t<decltype(p)>;
+        if (relu6_) batch_norm_backward_kernel<T, P, true>(dx, dw, db, dy, xv, mv, rv, wv, bv, l, training_);
+        else batch_norm_backward_kernel<T, P, false>(dx, dw, db, dy, xv, mv, rv, wv, bv, l, training_);
       });
     });
     return {dx, dw, db};
@@ -252,11 +319,13 @@ class BatchNormBackward : public Node {
   SavedTensor x{this};       // (N, C, H, W) or (N, C): the input itself
   SavedTensor mean{this};    // (C) the mean used (batch or a copy of running)
   SavedTensor rstd{this};    // (C) 1 / sqrt(var + eps) used
-  SavedTensor weight{this};  // (C) when dx is needed and weight is defined
+  SavedTensor weight{this};  // (C) when dx is needed (always with relu6) and weight is defined
+  SavedTensor bias{this};    // (C) with relu6 only: the recomputed output needs it
 
  private:
   bool training_;
   DType param_dtype_;  // of weight and bias (and so of their gradients)
+  bool relu6_;         // batch_norm_relu6: dy is the clamped output's gradient
 };
 
 // weight / bias: (C), on x's device, of x's dtype or f32 when x is f16 / bf16 (mixed precision:
@@ -292,16 +361,16 @@ void update_running(const Tensor& running, const double* batch, double momentum)
   });
 }
 
-}  // namespace
-
-Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
-                  const Tensor& bias, bool training, double momentum, double eps) {
+// batch_norm, and batch_norm_relu6 with relu6.
+Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                       const Tensor& bias, bool training, double momentum, double eps, bool relu6) {
   // Under autocast the affine parameters are f32 and the input keeps its dtype: a 16-bit input
   // is normalised in f32 and rounded on store (Note [Autocast]), so no cast surrounds the op.
   // The running statistics are buffers updated in place, never replaced by a copy.
   if (autocast_wants_f32({weight, bias}))
-    return batch_norm(x, running_mean, running_var, autocast_f32(weight), autocast_f32(bias), training, momentum, eps);
-  const char* op = "batch_norm";
+    return batch_norm_impl(x, running_mean, running_var, autocast_f32(weight), autocast_f32(bias), training,
+                           momentum, eps, relu6);
+  const char* op = relu6 ? "batch_norm_relu6" : "batch_norm";
   check_defined(op, x, "input");
   check_floating(op, x);
   MG_CHECK(x.dim() == 2 || x.dim() == 4, op, ": input must be (N, C, H, W) or (N, C), got shape ", x.shape());
@@ -320,7 +389,8 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
   MG_CHECK(!training || l.count() > 1, op, ": training needs more than 1 value per channel, got input ", x.shape());
   OpNameGuard name(op);
   bool record = any_requires_grad({x, weight, bias});
-  bool keep_x = record && (wants_grad(x) || wants_grad(weight));
+  // With relu6 every gradient, dbias's too, needs the clamp's mask, so x is always kept.
+  bool keep_x = record && (relu6 || wants_grad(x) || wants_grad(weight));
   DType sd = x.dtype() == DType::f64 ? DType::f64 : DType::f32;
   const DType param_dtype = weight.defined() ? weight.dtype() : bias.defined() ? bias.dtype() : x.dtype();
   Tensor y = empty(x.shape(), {.dtype = x.dtype(), .device = x.device()});  // like x
@@ -353,6 +423,7 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
       cuda::batch_norm_finish_stats(mean, rstd, stats, eps, update ? running_mean : Tensor(),
                                     update ? running_var : Tensor(), momentum, unbias);
       cuda::batch_norm_normalize(y, xc, mean, rstd, weight, bias, l.N, l.C, l.S);
+      if (relu6) cuda::unary(cuda::UnaryOp::relu6, y, y);  // in place: element i reads and writes i
     } else {
       double *bm = stats.data<double>(), *bv = bm + l.C;
       if (training) {
@@ -379,7 +450,9 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
         MG_DISPATCH_FLOAT(x.dtype(), op, [&] {
           using T = scalar_t;
           dispatch_param<T>(param_dtype, [&](auto* p) {
-            normalize_kernel<T, std::remove_pointer_t<decltype(p)>>(y, xc, mean, rstd, weight, bias, l);
+            using P = std::remove_pointer_t<decltype(p)>;
+            if (relu6) normalize_kernel<T, P, true>(y, xc, mean, rstd, weight, bias, l);
+            else normalize_kernel<T, P, false>(y, xc, mean, rstd, weight, bias, l);
           });
         });
     }
@@ -388,16 +461,29 @@ Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& run
     running_mean.bump_version();
     running_var.bump_version();
   }
-  if (auto node = make_node_if_needed<BatchNormBackward>({x, weight, bias}, training, param_dtype)) {
+  if (auto node = make_node_if_needed<BatchNormBackward>({x, weight, bias}, training, param_dtype, relu6)) {
     if (keep_x) {
       node->x.save(x);
       node->mean.save(mean);
       node->rstd.save(rstd);
     }
-    if (weight.defined() && wants_grad(x)) node->weight.save(weight);
+    if (weight.defined() && (relu6 || wants_grad(x))) node->weight.save(weight);
+    if (relu6 && bias.defined()) node->bias.save(bias);
     set_history(node, {x, weight, bias}, {y});
   }
   return y;
+}
+
+}  // namespace
+
+Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, false);
+}
+
+Tensor batch_norm_relu6(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                        const Tensor& weight, const Tensor& bias, bool training, double momentum, double eps) {
+  return batch_norm_impl(x, running_mean, running_var, weight, bias, training, momentum, eps, true);
 }
 
 }  // namespace mg

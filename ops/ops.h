@@ -128,6 +128,12 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 Tensor batch_norm(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
                   const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
                   double eps = 1e-5);
+// relu6(batch_norm(...)) as one op that saves what batch_norm saves (x and its statistics, plus
+// bias) and no (N, C, H, W) tensor for the ReLU6: backward recomputes which outputs were clamped.
+// Same output and gradients as the pair, bit for bit (MobileNetV2's BN + ReLU6).
+Tensor batch_norm_relu6(const Tensor& x, const Tensor& running_mean, const Tensor& running_var,
+                        const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                        double eps = 1e-5);
 
 // ---- convolution and pooling (conv2d.cpp, pool.cpp) ------------------------------------------
 struct Conv2dParams {

@@ -49,11 +49,16 @@ class BatchNorm2d : public UnaryModule {
   explicit BatchNorm2d(int64_t num_features, double eps = 1e-5, double momentum = 0.1,
                        const InitOptions& init = {});
   Tensor forward(const Tensor& x) override;
+  // relu6(forward(x)) through batch_norm_relu6: saves no separate tensor for the ReLU6.
+  Tensor forward_relu6(const Tensor& x);
   int64_t num_features;
   double eps, momentum;
   Tensor weight, bias;              // (C)
   Tensor running_mean, running_var; // (C)
   Tensor num_batches_tracked;       // () i64
+
+ private:
+  Tensor normalize(const Tensor& x, bool relu6);
 };
 
 // x: (..., C) -> (..., C), normalised over the last dim; weight = 1, bias = 0.

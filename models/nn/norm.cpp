@@ -25,7 +25,11 @@ BatchNorm2d::BatchNorm2d(int64_t c, double eps_, double momentum_, const InitOpt
   num_batches_tracked = register_buffer("num_batches_tracked", filled({}, 0.0, DType::i64, init.device));
 }
 
-Tensor BatchNorm2d::forward(const Tensor& x) {
+Tensor BatchNorm2d::forward(const Tensor& x) { return normalize(x, false); }
+
+Tensor BatchNorm2d::forward_relu6(const Tensor& x) { return normalize(x, true); }
+
+Tensor BatchNorm2d::normalize(const Tensor& x, bool relu6) {
   auto scope = forward_scope();
   MG_CHECK(x.defined() && (x.dim() == 4 || x.dim() == 2) && x.size(1) == num_features,
            "BatchNorm2d: expected input (N, ", num_features, ", H, W) or (N, ", num_features, "), got ",
@@ -33,8 +37,9 @@ Tensor BatchNorm2d::forward(const Tensor& x) {
   // A checkpointed block recomputed in backward normalises with the same batch statistics but
   // must not move the running ones (or the counter) a second time.
   const bool replay = is_training() && checkpoint_recomputing();
-  Tensor y = batch_norm(x, replay ? Tensor() : running_mean, replay ? Tensor() : running_var, weight, bias,
-                        is_training(), momentum, eps);
+  Tensor y = (relu6 ? batch_norm_relu6 : batch_norm)(x, replay ? Tensor() : running_mean,
+                                                     replay ? Tensor() : running_var, weight, bias, is_training(),
+                                                     momentum, eps);
   if (is_training() && !replay && !num_batches_tracked.is_meta()) {
     // A counter, not part of any graph: written directly on the host, through an op elsewhere.
     NoGradGuard no_grad;

@@ -260,7 +260,7 @@ TEST_CASE("cuda agreement: cross_entropy (ignore_index, i32/i64 targets) and mse
   CHECK_THROWS_WITH(cross_entropy(logits, bad), Contains("target 7 at position 2 is out of range [0, 5)"));
 }
 
-TEST_CASE("cuda agreement: layer_norm and batch_norm, forward, backward and running statistics", "[cuda]") {
+TEST_CASE("cuda agreement: layer_norm, batch_norm and batch_norm_relu6, forward, backward and running statistics", "[cuda]") {
   MG_REQUIRE_CUDA();
   for (DType dt : {DType::f32, DType::f64, DType::f16}) {
     agree(std::string("layer_norm ") + std::string(dtype_name(dt)), [&](Device d) {
@@ -280,6 +280,16 @@ TEST_CASE("cuda agreement: layer_norm and batch_norm, forward, backward and runn
       r.push_back(rv);
       Tensor x2 = rnd({16, 11}, 37, d);
       r.push_back(batch_norm(x2, Tensor(), Tensor(), Tensor(), Tensor(), true));
+      return r;
+    });
+    // The fused BN + ReLU6: outputs spread over both clamp edges.
+    agree(training ? "batch_norm_relu6 training" : "batch_norm_relu6 eval", [&](Device d) {
+      Tensor x = leaf(rnd({6, 5, 7, 9}, 38, d, DType::f32, -3, 9));
+      Tensor w = leaf(rnd({5}, 39, d, DType::f32, 0.5, 4)), b = leaf(rnd({5}, 40, d, DType::f32, -1, 5));
+      Tensor rm = rnd({5}, 41, d), rv = rnd({5}, 42, d, DType::f32, 0.5, 2);
+      std::vector<Tensor> r = with_grads(batch_norm_relu6(x, rm, rv, w, b, training, 0.1, 1e-5), {x, w, b});
+      r.push_back(rm);
+      r.push_back(rv);
       return r;
     });
   }
