@@ -150,25 +150,43 @@ void staged_copy(void* dst, int dst_dev, const void* src, int src_dev, size_t n)
 //      S's allocator may hand it to the next kernel on S's stream, which must not overwrite it
 //      while D still reads it.
 // Destroying an event right after enqueueing a wait on it is allowed: the wait holds the record.
+class OneEvent {  // an event of one device, destroyed there (also when a CUDA call throws)
+ public:
+  explicit OneEvent(int device) : device_(device) {
+    DeviceGuard g(device_);
+    MG_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  ~OneEvent() {
+    int prev = -1;
+    (void)cudaGetDevice(&prev);
+    if (prev != device_) (void)cudaSetDevice(device_);
+    (void)cudaEventDestroy(event_);
+    if (prev >= 0 && prev != device_) (void)cudaSetDevice(prev);
+  }
+  OneEvent(const OneEvent&) = delete;
+  OneEvent& operator=(const OneEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
 void peer_copy(void* dst, int dst_dev, const void* src, int src_dev, size_t n) {
   cudaStream_t s_src = stream(src_dev), s_dst = stream(dst_dev);
-  cudaEvent_t ready = nullptr, copied = nullptr;
+  OneEvent ready(src_dev), copied(dst_dev);  // an event is recorded on a stream of its own device
   {
-    DeviceGuard g(src_dev);  // an event is recorded on a stream of the device it was made on
-    MG_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-    MG_CUDA_CHECK(cudaEventRecord(ready, s_src));
+    DeviceGuard g(src_dev);
+    MG_CUDA_CHECK(cudaEventRecord(ready.get(), s_src));
   }
   {
     DeviceGuard g(dst_dev);
-    MG_CUDA_CHECK(cudaStreamWaitEvent(s_dst, ready, 0));
-    MG_CUDA_CHECK(cudaEventDestroy(ready));
+    MG_CUDA_CHECK(cudaStreamWaitEvent(s_dst, ready.get(), 0));
     MG_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev, src, src_dev, n, s_dst));
-    MG_CUDA_CHECK(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
-    MG_CUDA_CHECK(cudaEventRecord(copied, s_dst));
+    MG_CUDA_CHECK(cudaEventRecord(copied.get(), s_dst));
   }
   DeviceGuard g(src_dev);
-  MG_CUDA_CHECK(cudaStreamWaitEvent(s_src, copied, 0));
-  MG_CUDA_CHECK(cudaEventDestroy(copied));
+  MG_CUDA_CHECK(cudaStreamWaitEvent(s_src, copied.get(), 0));
 }
 
 // copy_bytes for every copy that involves a GPU. Copies that reach the host are synchronous (the
