@@ -39,9 +39,12 @@ struct PipelineStages {
 // through mailboxes keyed by (stage, micro-batch). Deadlock-free by construction: each wait (an
 // input from a neighbouring stage, a tied stage's turn) is for a step earlier in the schedule's
 // list, and every stage runs its steps in list order, so the earliest unfinished step of the list
-// can always run. A cuda:N stage runs on its worker thread too (each op sets its device); a
-// stream per stage with events between them is left to do. `sequential` runs the list in order
-// on the calling thread (the reference the workers are tested against).
+// can always run. A cuda:N stage runs on its worker thread too (each op sets its device) and
+// enqueues on cuda:N's stream: stages on different GPUs overlap on their own streams, stages on
+// one GPU share its stream, each thread has its own cuBLAS/cuDNN handles, and a copy between
+// GPUs is ordered by events, not host waits (Note [Streams and threads], core/cuda/context.cpp).
+// `sequential` runs the list in order on the calling thread (the reference the workers are
+// tested against).
 enum class PipelineExecution { workers, sequential };
 
 // A GPT's blocks in stages of counts[s] blocks (embeddings before stage 0; ln_f, the tied head

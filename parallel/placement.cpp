@@ -61,6 +61,9 @@ std::vector<std::string> expand_path(const std::string& path, const std::string&
   return out;
 }
 
+
+}  // namespace
+
 bool device_exists(Device d, std::string& why) {
   if (!d.is_cuda()) return true;  // cpu:N and meta:N always exist (the index is checked by Device)
   const int n = backend_available(DeviceType::cuda) ? cuda::device_count() : 0;
@@ -68,8 +71,6 @@ bool device_exists(Device d, std::string& why) {
   why = n == 0 ? "no CUDA device (" + cuda::device_count_error() + ")" : std::to_string(n) + " CUDA device(s)";
   return false;
 }
-
-}  // namespace
 
 Placement Placement::parse(const std::string& spec) {
   Placement p;

@@ -59,6 +59,10 @@ ResolvedPlacement resolve_placement(Module& model, const Placement& placement);
 ResolvedPlacement apply_placement(Module& model, const Placement& placement);
 
 // Folds numbered paths into ranges: {"h.0", "h.1", "h.2", "ln_f"} -> "h.0-2,ln_f".
+// cpu:N and meta:N always exist; cuda:N when this memgrad has the CUDA backend and the machine
+// has that GPU (else false, and `why` says what there is).
+bool device_exists(Device d, std::string& why);
+
 std::string fold_paths(const std::vector<std::string>& paths);
 
 }  // namespace mg

@@ -292,6 +292,13 @@ BalancedPlan plan_balanced(const StepProbe& probe, const std::vector<Device>& de
 Placement split_placement(const SplitSpec& spec, Module& model, const std::vector<Device>& devices,
                           const StepProbe* probe, BalancedPlan* plan) {
   check_devices(devices);
+  // A device that is not there fails here, before balanced spends its meta runs (a mix of cpu:N
+  // and cuda:N is fine: each module computes on its device, to() carries the residual stream).
+  for (const Device& d : devices) {
+    std::string why;
+    MG_CHECK(device_exists(d, why), "model parallelism: device ", d.str(), " in ", devices_str(devices),
+             " does not exist: ", why, "\n  hint: memgrad info lists the devices; cpu:N always exists");
+  }
   const ModelLayout layout = model_layout(model);
   const int64_t L = int64_t(layout.blocks.size()), K = int64_t(devices.size());
   switch (spec.kind) {

@@ -2,7 +2,8 @@
 // allocator (same rounding, pools, budgets and per-category statistics as cpu:N, see
 // caching_allocator.cpp), and copy_bytes for host <-> GPU and GPU <-> GPU (peer copy when the
 // two GPUs can reach each other, otherwise staged through a host block of cpu:0's allocator,
-// so even the staging buffer is counted). Asking for a GPU that is not there is an mg::Error.
+// so even the staging buffer is counted; the peer copy is ordered by events, Note [Copies between
+// GPUs]). Asking for a GPU that is not there is an mg::Error.
 #include <atomic>
 #include <cstdio>
 #include <mutex>
@@ -138,8 +139,59 @@ void staged_copy(void* dst, int dst_dev, const void* src, int src_dev, size_t n)
   host.free(block);
 }
 
+// Note [Copies between GPUs]: a direct copy from cuda:S to cuda:D, ordered by two events and
+// no host wait (a pipeline stage hands its activation to the next GPU and goes on):
+//   1. `ready` recorded on S's stream: the copy must not read the source before the kernels that
+//      wrote it are done;
+//   2. D's stream waits for `ready`, copies, and records `copied`: D's later kernels read the copy
+//      in stream order, and the destination block (fresh from D's allocator) is only written
+//      after its previous users on D's stream (Note [Streams and threads], context.cpp);
+//   3. S's stream waits for `copied`: the source block may be freed the moment to() returns, and
+//      S's allocator may hand it to the next kernel on S's stream, which must not overwrite it
+//      while D still reads it.
+// Destroying an event right after enqueueing a wait on it is allowed: the wait holds the record.
+class OneEvent {  // an event of one device, destroyed there (also when a CUDA call throws)
+ public:
+  explicit OneEvent(int device) : device_(device) {
+    DeviceGuard g(device_);
+    MG_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+  }
+  ~OneEvent() {
+    int prev = -1;
+    (void)cudaGetDevice(&prev);
+    if (prev != device_) (void)cudaSetDevice(device_);
+    (void)cudaEventDestroy(event_);
+    if (prev >= 0 && prev != device_) (void)cudaSetDevice(prev);
+  }
+  OneEvent(const OneEvent&) = delete;
+  OneEvent& operator=(const OneEvent&) = delete;
+  cudaEvent_t get() const { return event_; }
+
+ private:
+  int device_;
+  cudaEvent_t event_ = nullptr;
+};
+
+void peer_copy(void* dst, int dst_dev, const void* src, int src_dev, size_t n) {
+  cudaStream_t s_src = stream(src_dev), s_dst = stream(dst_dev);
+  OneEvent ready(src_dev), copied(dst_dev);  // an event is recorded on a stream of its own device
+  {
+    DeviceGuard g(src_dev);
+    MG_CUDA_CHECK(cudaEventRecord(ready.get(), s_src));
+  }
+  {
+    DeviceGuard g(dst_dev);
+    MG_CUDA_CHECK(cudaStreamWaitEvent(s_dst, ready.get(), 0));
+    MG_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_dev, src, src_dev, n, s_dst));
+    MG_CUDA_CHECK(cudaEventRecord(copied.get(), s_dst));
+  }
+  DeviceGuard g(src_dev);
+  MG_CUDA_CHECK(cudaStreamWaitEvent(s_src, copied.get(), 0));
+}
+
 // copy_bytes for every copy that involves a GPU. Copies that reach the host are synchronous (the
-// host reads or reuses its buffer right after); a copy within one GPU is stream-ordered.
+// host reads or reuses its buffer right after); a copy within one GPU is stream-ordered, one
+// between GPUs event-ordered (Note [Copies between GPUs]) or staged through the host.
 void copy_involving_cuda(void* dst, Device dd, const void* src, Device sd, size_t n) {
   if (dd.is_cuda() && sd.is_cpu()) {
     DeviceGuard g(dd.index);
@@ -153,14 +205,13 @@ void copy_involving_cuda(void* dst, Device dd, const void* src, Device sd, size_
     DeviceGuard g(dd.index);
     MG_CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream(dd.index)));
   } else if (dd.is_cuda() && sd.is_cuda()) {
-    // The source must be complete, and the destination's stream must not run ahead of the copy.
-    sync_stream(dd.index);
-    sync_stream(sd.index);
     if (peer_access(sd.index, dd.index) && peer_access(dd.index, sd.index)) {  // both ways: direct copy
-      DeviceGuard g(sd.index);
-      MG_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dd.index, src, sd.index, n, stream(sd.index)));
-      MG_CUDA_CHECK(cudaStreamSynchronize(stream(sd.index)));
+      peer_copy(dst, dd.index, src, sd.index, n);
     } else {
+      // Through the host: each half waits for its stream, so the source is complete and the
+      // destination's earlier users are done; nothing is left in flight.
+      sync_stream(dd.index);
+      sync_stream(sd.index);
       staged_copy(dst, dd.index, src, sd.index, n);
     }
   } else {

@@ -1,12 +1,27 @@
 // Per-device CUDA state (see context.h) and the error helpers of cuda_check.h. The states are
 // created once and never destroyed: the CUDA runtime tears itself down at process exit, and a
 // handle destroyed after that (from a static destructor) would crash instead of exiting cleanly.
+//
+// Note [Streams and threads]: every thread that touches cuda:N (the caller, and the pipeline's
+// worker per stage, parallel/pipeline.h) enqueues on the one stream of cuda:N, so stages on
+// different GPUs run on different streams and overlap, and stages that share a GPU interleave in
+// the order their threads enqueue. That order is always a correct one: a tensor reaches another
+// thread only after its producer was enqueued (a mailbox, a refcount), and the caching allocator
+// hands a freed block out again only after the free, so the new user's kernels queue behind the
+// old user's on that same stream. A second stream on one device would break that reuse rule
+// (it would need PyTorch's per-block record_stream events), so there is none. What is per thread
+// are the library handles: cuBLAS and cuDNN handles must not be used by two threads at once (and
+// matmul sets its workspace on the handle per call), so each thread gets its own, bound to the
+// device's stream, taken from a pool and given back when the thread ends (pipeline workers come
+// and go each step). Copies between GPUs are ordered by events (backend.cpp, Note [Copies
+// between GPUs]).
 #include "core/cuda/context.h"
 
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "core/cuda/backend.h"
 #include "core/device.h"
@@ -17,13 +32,8 @@ namespace mg::cuda {
 namespace {
 
 struct DeviceState {
-  std::once_flag stream_once, cublas_once, lt_once, cudnn_once, prop_once;
+  std::once_flag stream_once, prop_once;
   cudaStream_t stream = nullptr;
-  cublasHandle_t cublas = nullptr;
-  cublasLtHandle_t cublaslt = nullptr;
-#ifdef MG_WITH_CUDNN
-  cudnnHandle_t cudnn = nullptr;
-#endif
   cudaDeviceProp prop{};
 };
 
@@ -78,40 +88,112 @@ cudaStream_t stream(int device) {
   return s.stream;
 }
 
+// ---- library handles, one per thread and device (Note [Streams and threads]) ----------------
+
+namespace {
+
+// Handles of finished threads, ready for the next thread (never freed, see the top).
+struct HandlePool {
+  std::mutex mu;
+  std::vector<cublasHandle_t> cublas[kMaxDevicesPerType];
+  std::vector<cublasLtHandle_t> cublaslt[kMaxDevicesPerType];
+#ifdef MG_WITH_CUDNN
+  std::vector<cudnnHandle_t> cudnn[kMaxDevicesPerType];
+#endif
+};
+
+HandlePool& pool() {
+  static HandlePool* p = new HandlePool;
+  return *p;
+}
+
+// Takes a handle of `device` from the pool, or makes one with `create` (under the device).
+template <class H, class Create>
+H take(std::vector<H> (&free)[kMaxDevicesPerType], int device, Create create) {
+  {
+    std::lock_guard<std::mutex> lk(pool().mu);
+    std::vector<H>& v = free[device];
+    if (!v.empty()) {
+      H h = v.back();
+      v.pop_back();
+      return h;
+    }
+  }
+  check_device(device);
+  DeviceGuard g(device);
+  return create();
+}
+
+// This thread's handles; its destructor (at thread exit) gives them back to the pool. It makes
+// no CUDA call, so it is safe at process exit too.
+struct ThreadHandles {
+  cublasHandle_t cublas[kMaxDevicesPerType] = {};
+  cublasLtHandle_t cublaslt[kMaxDevicesPerType] = {};
+#ifdef MG_WITH_CUDNN
+  cudnnHandle_t cudnn[kMaxDevicesPerType] = {};
+#endif
+  ~ThreadHandles() {
+    std::lock_guard<std::mutex> lk(pool().mu);
+    for (int d = 0; d < kMaxDevicesPerType; ++d) {
+      if (cublas[d]) pool().cublas[d].push_back(cublas[d]);
+      if (cublaslt[d]) pool().cublaslt[d].push_back(cublaslt[d]);
+#ifdef MG_WITH_CUDNN
+      if (cudnn[d]) pool().cudnn[d].push_back(cudnn[d]);
+#endif
+    }
+  }
+};
+
+ThreadHandles& thread_handles(int device) {
+  MG_INTERNAL_ASSERT(device >= 0 && device < kMaxDevicesPerType, "cuda device index ", device);
+  thread_local ThreadHandles h;
+  return h;
+}
+
+}  // namespace
+
 cublasHandle_t cublas_handle(int device) {
-  DeviceState& s = state(device);
-  std::call_once(s.cublas_once, [&] {
+  cublasHandle_t& h = thread_handles(device).cublas[device];
+  if (!h) {
     cudaStream_t st = stream(device);
-    DeviceGuard g(device);
-    MG_CUBLAS_CHECK(cublasCreate(&s.cublas));
-    MG_CUBLAS_CHECK(cublasSetStream(s.cublas, st));
-    // Pointer mode host: alpha/beta are host scalars. The workspace is set per call from the
-    // caching allocator (ops/cuda/matmul.cu), so cuBLAS never cudaMallocs behind its back.
-    MG_CUBLAS_CHECK(cublasSetPointerMode(s.cublas, CUBLAS_POINTER_MODE_HOST));
-  });
-  return s.cublas;
+    h = take(pool().cublas, device, [&] {
+      cublasHandle_t c = nullptr;
+      MG_CUBLAS_CHECK(cublasCreate(&c));
+      MG_CUBLAS_CHECK(cublasSetStream(c, st));
+      // Pointer mode host: alpha/beta are host scalars. The workspace is set per call from the
+      // caching allocator (ops/cuda/matmul.cu), so cuBLAS never cudaMallocs behind its back.
+      MG_CUBLAS_CHECK(cublasSetPointerMode(c, CUBLAS_POINTER_MODE_HOST));
+      return c;
+    });
+  }
+  return h;
 }
 
 cublasLtHandle_t cublaslt_handle(int device) {
-  DeviceState& s = state(device);
-  std::call_once(s.lt_once, [&] {
-    check_device(device);
-    DeviceGuard g(device);
-    MG_CUBLAS_CHECK(cublasLtCreate(&s.cublaslt));  // cuBLASLt takes the stream per call
-  });
-  return s.cublaslt;
+  cublasLtHandle_t& h = thread_handles(device).cublaslt[device];
+  if (!h) {
+    h = take(pool().cublaslt, device, [] {
+      cublasLtHandle_t c = nullptr;
+      MG_CUBLAS_CHECK(cublasLtCreate(&c));  // cuBLASLt takes the stream per call
+      return c;
+    });
+  }
+  return h;
 }
 
 #ifdef MG_WITH_CUDNN
 cudnnHandle_t cudnn_handle(int device) {
-  DeviceState& s = state(device);
-  std::call_once(s.cudnn_once, [&] {
+  cudnnHandle_t& h = thread_handles(device).cudnn[device];
+  if (!h) {
     cudaStream_t st = stream(device);
-    DeviceGuard g(device);
-    MG_CUDNN_CHECK(cudnnCreate(&s.cudnn));
-    MG_CUDNN_CHECK(cudnnSetStream(s.cudnn, st));
-  });
-  return s.cudnn;
+    h = take(pool().cudnn, device, [&] {
+      cudnnHandle_t c = nullptr;
+      MG_CUDNN_CHECK(cudnnCreate(&c));
+      MG_CUDNN_CHECK(cudnnSetStream(c, st));
+      return c;
+    });
+  }
+  return h;
 }
 #endif
 
