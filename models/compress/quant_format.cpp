@@ -96,8 +96,9 @@ LoadedQuantizedModel load_quantized(const std::string& path, Device device) {
     quantize_gpt_weight_only(*gpt);
     out.model = gpt;
   } else {
-    MG_CHECK(info.scheme == "int8_ptq", "'", path, "': scheme '", info.scheme,
-             "' is not supported for mobilenetv2 (known: int8_ptq)");
+    // QAT converts to the same layers as PTQ (models/compress/qat.h)
+    MG_CHECK(info.scheme == "int8_ptq" || info.scheme == "int8_qat", "'", path, "': scheme '", info.scheme,
+             "' is not supported for mobilenetv2 (known: int8_ptq, int8_qat)");
     auto net = std::make_shared<MobileNetV2>(MobileNetV2Config::from_json(info.config), InitOptions{.device = device});
     net->eval();
     fold_batch_norms(*net);

@@ -75,6 +75,15 @@ void Observer::observe(const Tensor& x) {
   ++batches_;
 }
 
+void Observer::restore(float lo, float hi, int64_t batches) {
+  MG_CHECK(opt_.kind != ObserverKind::percentile, "Observer::restore: a percentile observer cannot be restored");
+  MG_CHECK(batches >= 0 && (batches == 0 || (std::isfinite(lo) && std::isfinite(hi) && lo <= hi)),
+           "Observer::restore: invalid state [", lo, ", ", hi, "] after ", batches, " batches");
+  lo_ = lo;
+  hi_ = hi;
+  batches_ = batches;
+}
+
 ActivationQParams Observer::qparams() const {
   MG_CHECK(batches_ > 0, "Observer: no calibration batch was observed, so there is no activation range\n"
                          "  hint: calibrate with at least one batch (--calibrate N, N >= 1)");

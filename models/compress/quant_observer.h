@@ -33,6 +33,9 @@ class Observer {
   int64_t batches() const { return batches_; }
   float lo() const { return lo_; }
   float hi() const { return hi_; }
+  // Puts a saved state back (QAT keeps it in buffers, so checkpoints and auto-fit retries carry
+  // it, models/compress/qat.h). minmax and ema only: percentile keeps per-batch sums.
+  void restore(float lo, float hi, int64_t batches);
   // The u8 parameters for the observed range; throws when no batch was observed.
   ActivationQParams qparams() const;
 
