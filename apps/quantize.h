@@ -22,7 +22,7 @@ struct QuantizeOptions {
   std::string out{};               // the new run directory (must not exist)
   std::string mode = "ptq";        // ptq | qat (vision runs)
   int64_t calibrate = 32;          // ptq: calibration batches (vision), >= 1
-  std::string observer{};          // minmax | ema | percentile; "": minmax (ptq), ema (qat)
+  std::string observer{};          // minmax | ema | percentile | mse; "": minmax (ptq), ema (qat)
   int64_t qat_steps = 0;           // qat: fine-tuning steps, >= 1
   double qat_lr = 1e-4;            // qat: peak of the cosine schedule (AdamW, weight decay 0.01)
   TechniqueOptions techniques{};   // qat: checkpointing, precision, micro-batch of the fine-tuning

@@ -271,7 +271,7 @@ void add_quantize_command(CLI::App& app) {
       ->capture_default_str();
   q->add_option("--calibrate", o->calibrate, "ptq: calibration batches (vision)")->capture_default_str();
   q->add_option("--observer", o->observer,
-                "activation range observer: minmax, ema, percentile (default: minmax for ptq, ema for qat)");
+                "activation range observer: minmax, ema, percentile, mse (histogram, least quantization error) (default: minmax for ptq, ema for qat)");
   q->add_option("--qat-steps", o->qat_steps, "qat: fine-tuning steps on the run's training data");
   q->add_option("--qat-lr", o->qat_lr, "qat: peak learning rate (cosine schedule, AdamW)")->capture_default_str();
   for (CLI::Option* f : add_technique_flags(q, o->techniques)) f->group("QAT techniques");
