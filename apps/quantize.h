@@ -26,6 +26,8 @@ struct QuantizeOptions {
   int64_t qat_steps = 0;           // qat: fine-tuning steps, >= 1
   double qat_lr = 1e-4;            // qat: peak of the cosine schedule (AdamW, weight decay 0.01)
   TechniqueOptions techniques{};   // qat: checkpointing, precision, micro-batch of the fine-tuning
+  std::string gpt_mode = "weight-only";  // gpt: weight-only | int8-outlier (int8_outlier_linear.h)
+  double outlier_threshold = 6.0;  // gpt int8-outlier: |x| above this keeps a column in f32
   int64_t batch = 0;               // 0: the run's
   int64_t limit_test = -1;         // vision: -1 = the run's, 0 = all test images
   int64_t eval_windows = 32;       // gpt: validation windows
@@ -42,6 +44,7 @@ struct QuantizeResult {
   std::string file;                // the quantized model file
   double qat_first_loss = 0, qat_last_loss = 0;  // qat: training loss of the first and last step
   std::string observer;            // the observer used
+  double outlier_column_share = 0; // gpt int8-outlier: input columns kept in f32 (last batch, all layers)
 };
 
 QuantizeResult quantize_run(const QuantizeOptions& options);

@@ -18,6 +18,7 @@
 #include "data/data_loader.h"
 #include "data/token_window_dataset.h"
 #include "apps/technique_flags.h"
+#include "models/compress/int8_outlier_linear.h"
 #include "models/compress/qat.h"
 #include "models/compress/quant_convert.h"
 #include "models/compress/quant_format.h"
@@ -96,6 +97,10 @@ void check_options(const QuantizeOptions& o) {
     MG_CHECK(observer == ObserverKind::minmax || observer == ObserverKind::ema, kCmd, ": --observer ",
              observer_kind_name(observer), " is not available with --mode qat (known: minmax, ema)");
   }
+  MG_CHECK(o.gpt_mode == "weight-only" || o.gpt_mode == "int8-outlier", kCmd, ": --gpt-mode '", o.gpt_mode,
+           "' is not supported (known: weight-only, int8-outlier)");
+  MG_CHECK(o.outlier_threshold >= 0 && !std::isnan(o.outlier_threshold), kCmd, ": --outlier-threshold must be >= 0 (or inf), got ",
+           o.outlier_threshold);
   MG_CHECK(!fs::exists(o.out), kCmd, ": --out '", o.out, "' already exists (choose a new directory)");
 }
 
@@ -160,6 +165,7 @@ QuantizeResult quantize_vision(const QuantizeOptions& o, const RunDir& run, cons
   // ptq calibrates on the first `calibrate` training batches, unaugmented; qat fine-tunes on the
   // run's training set as the run saw it
   const bool qat = o.mode == "qat";
+  MG_CHECK(o.gpt_mode == "weight-only", kCmd, ": --gpt-mode is for gpt runs; '", o.run, "' is a vision run");
   VisionData data = qat ? load_vision_data(dj.at("source").get<std::string>(), cfg.input_size,
                                            dj.value("augment", false), config.value("seed", uint64_t(1)),
                                            dj.value("limit_train", int64_t(0)), limit)
@@ -227,12 +233,25 @@ QuantizeResult quantize_gpt(const QuantizeOptions& o, const RunDir& run, const n
   run.load_weights(*model);
   r.fp32_weight_bytes = weight_bytes(*model);
   const Eval fp32 = eval_gpt(*model, val, batch, dev);
-  quantize_gpt_weight_only(*model);
+  const bool outlier = o.gpt_mode == "int8-outlier";
+  if (outlier) quantize_gpt_int8_outlier(*model, float(o.outlier_threshold));
+  else quantize_gpt_weight_only(*model);
   r.int8_weight_bytes = weight_bytes(*model);
   const Eval int8 = eval_gpt(*model, val, batch, dev);
   record(r, "gpt", "val loss", fp32, int8, o);
+  nlohmann::json calibration = nlohmann::json::object();
+  if (outlier) {
+    calibration["outlier_threshold"] = o.outlier_threshold;
+    // the share of (row, column) activations the last evaluation batch kept in f32, per layer kind
+    int64_t cols = 0, all = 0;
+    for (auto& [name, m] : model->named_modules())
+      if (auto* l = dynamic_cast<Int8OutlierLinear*>(m)) cols += l->last_outlier_columns, all += l->in_features;
+    r.outlier_column_share = all > 0 ? double(cols) / double(all) : 0.0;
+    calibration["outlier_column_share"] = r.outlier_column_share;
+  }
   save_quantized(r.file, *model,
-                 {.model = "gpt", .config = cfg.to_json(), .scheme = "int8_weight_only", .calibration = {}, .layers = {}});
+                 {.model = "gpt", .config = cfg.to_json(), .scheme = outlier ? "int8_outlier" : "int8_weight_only",
+                  .calibration = calibration, .layers = {}});
   return r;
 }
 
@@ -274,6 +293,11 @@ void add_quantize_command(CLI::App& app) {
                 "activation range observer: minmax, ema, percentile, mse (histogram, least quantization error) (default: minmax for ptq, ema for qat)");
   q->add_option("--qat-steps", o->qat_steps, "qat: fine-tuning steps on the run's training data");
   q->add_option("--qat-lr", o->qat_lr, "qat: peak learning rate (cosine schedule, AdamW)")->capture_default_str();
+  q->add_option("--gpt-mode", o->gpt_mode,
+                "gpt: weight-only (int8 weights, f32 math) or int8-outlier (LLM.int8(): int8 GEMM, outlier columns in f32)")
+      ->capture_default_str();
+  q->add_option("--outlier-threshold", o->outlier_threshold, "gpt int8-outlier: |activation| above this keeps a column in f32")
+      ->capture_default_str();
   for (CLI::Option* f : add_technique_flags(q, o->techniques)) f->group("QAT techniques");
   q->add_option("--batch", o->batch, "batch size (default: the run's)");
   q->add_option("--limit-test", o->limit_test, "vision: use the first N test images (default: the run's; 0: all)");
@@ -287,6 +311,12 @@ void add_quantize_command(CLI::App& app) {
     const char* unit = acc ? "images/s" : "tokens/s";
     std::printf("quantize: %s -> %s (%s, %s, int8 path %s)\n", o->run.c_str(), r.file.c_str(), r.model.c_str(),
                 o->mode.c_str(), int8_gemm_path());
+    if (r.model == "gpt")
+      std::printf("  gpt mode %s%s\n", o->gpt_mode.c_str(),
+                  o->gpt_mode == "int8-outlier"
+                      ? (", threshold " + std::to_string(o->outlier_threshold) + ", outlier columns in the last batch " +
+                         std::to_string(100 * r.outlier_column_share) + "%").c_str()
+                      : "");
     if (o->mode == "qat")
       std::printf("  qat: %lld steps, loss %.4f -> %.4f\n", (long long)o->qat_steps, r.qat_first_loss, r.qat_last_loss);
     std::printf("  %-6s %-14s %-16s %s\n", "", r.metric.c_str(), "weight bytes", unit);
@@ -295,7 +325,7 @@ void add_quantize_command(CLI::App& app) {
       else std::printf("  %-6s %14.4f %16lld %10.1f\n", name, metric, (long long)bytes, per_s);
     };
     row("fp32", r.fp32_metric, r.fp32_weight_bytes, r.fp32_per_s);
-    row(o->mode == "qat" ? "qat" : "ptq", r.int8_metric, r.int8_weight_bytes, r.int8_per_s);
+    row(o->mode == "qat" ? "qat" : r.model == "gpt" ? "int8" : "ptq", r.int8_metric, r.int8_weight_bytes, r.int8_per_s);
     std::printf("  weight bytes %.2fx smaller, %s %.2fx, on %lld %s\n",
                 double(r.fp32_weight_bytes) / double(r.int8_weight_bytes), unit, r.int8_per_s / r.fp32_per_s,
                 (long long)r.examples, acc ? "test images" : "validation windows");

@@ -106,6 +106,9 @@ TEST_CASE("quantize --mode qat: fine-tunes, converts, evaluates; bad flags", "[a
                     Catch::Contains("--qat-steps is for --mode qat"));
   CHECK_THROWS_WITH(quantize_run({.run = tmp.file("qat"), .out = tmp.file("z"), .mode = "qat", .qat_steps = 1}),
                     Catch::Contains("already a quantized run"));
+  QuantizeOptions g{.run = tmp.file("fp32"), .out = tmp.file("z")};
+  g.gpt_mode = "int8-outlier";
+  CHECK_THROWS_WITH(quantize_run(g), Catch::Contains("--gpt-mode is for gpt runs"));
   CHECK(!fs::exists(tmp.file("z")));
 }
 
@@ -128,4 +131,17 @@ TEST_CASE("quantize: a gpt run, weight-only int8", "[apps][quant]") {
   CHECK(load_quantized(r.file).info.layers.size() == 4);
   CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat", .qat_steps = 1}),
                     Catch::Contains("available for vision runs only"));
+  // LLM.int8()-style: int8 GEMM with outlier columns in f32
+  QuantizeOptions o{.run = tmp.file("fp32"), .out = tmp.file("outlier"), .eval_windows = 4};
+  o.gpt_mode = "int8-outlier";
+  const QuantizeResult ro = quantize_run(o);
+  CHECK(std::abs(ro.int8_metric - ro.fp32_metric) < 0.05 * ro.fp32_metric);
+  CHECK((ro.outlier_column_share >= 0 && ro.outlier_column_share <= 1));
+  CHECK(load_quantized(ro.file).info.scheme == "int8_outlier");
+  o.out = tmp.file("z");
+  o.gpt_mode = "int4";
+  CHECK_THROWS_WITH(quantize_run(o), Catch::Contains("--gpt-mode 'int4' is not supported"));
+  o.gpt_mode = "int8-outlier";
+  o.outlier_threshold = -1;
+  CHECK_THROWS_WITH(quantize_run(o), Catch::Contains("--outlier-threshold must be >= 0"));
 }
