@@ -96,6 +96,9 @@ void check_options(const QuantizeOptions& o) {
     MG_CHECK(o.qat_lr > 0 && std::isfinite(o.qat_lr), kCmd, ": --qat-lr must be positive, got ", o.qat_lr);
     MG_CHECK(observer == ObserverKind::minmax || observer == ObserverKind::ema, kCmd, ": --observer ",
              observer_kind_name(observer), " is not available with --mode qat (known: minmax, ema)");
+    MG_CHECK(o.techniques.precision != Precision::bf16_pure, kCmd,
+             ": --precision bf16-pure is not available with --mode qat (the int8 conversion reads f32 master weights; "
+             "use --precision bf16 for autocast)");
   }
   MG_CHECK(o.gpt_mode == "weight-only" || o.gpt_mode == "int8-outlier", kCmd, ": --gpt-mode '", o.gpt_mode,
            "' is not supported (known: weight-only, int8-outlier)");
@@ -311,18 +314,17 @@ void add_quantize_command(CLI::App& app) {
     const char* unit = acc ? "images/s" : "tokens/s";
     std::printf("quantize: %s -> %s (%s, %s, int8 path %s)\n", o->run.c_str(), r.file.c_str(), r.model.c_str(),
                 o->mode.c_str(), int8_gemm_path());
-    if (r.model == "gpt")
-      std::printf("  gpt mode %s%s\n", o->gpt_mode.c_str(),
-                  o->gpt_mode == "int8-outlier"
-                      ? (", threshold " + std::to_string(o->outlier_threshold) + ", outlier columns in the last batch " +
-                         std::to_string(100 * r.outlier_column_share) + "%").c_str()
-                      : "");
+    if (r.model == "gpt" && o->gpt_mode == "int8-outlier")
+      std::printf("  gpt mode int8-outlier, threshold %g: %.2f%% of the Linear input columns in f32 (last batch)\n",
+                  o->outlier_threshold, 100 * r.outlier_column_share);
+    else if (r.model == "gpt")
+      std::printf("  gpt mode weight-only\n");
     if (o->mode == "qat")
       std::printf("  qat: %lld steps, loss %.4f -> %.4f\n", (long long)o->qat_steps, r.qat_first_loss, r.qat_last_loss);
     std::printf("  %-6s %-14s %-16s %s\n", "", r.metric.c_str(), "weight bytes", unit);
     auto row = [&](const char* name, double metric, int64_t bytes, double per_s) {
       if (acc) std::printf("  %-6s %13.2f%% %16lld %10.1f\n", name, 100 * metric, (long long)bytes, per_s);
-      else std::printf("  %-6s %14.4f %16lld %10.1f\n", name, metric, (long long)bytes, per_s);
+      else std::printf("  %-6s %14.5f %16lld %10.1f\n", name, metric, (long long)bytes, per_s);
     };
     row("fp32", r.fp32_metric, r.fp32_weight_bytes, r.fp32_per_s);
     row(o->mode == "qat" ? "qat" : r.model == "gpt" ? "int8" : "ptq", r.int8_metric, r.int8_weight_bytes, r.int8_per_s);

@@ -102,6 +102,9 @@ TEST_CASE("quantize --mode qat: fine-tunes, converts, evaluates; bad flags", "[a
   CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat", .observer = "percentile",
                                   .qat_steps = 1}),
                     Catch::Contains("--observer percentile is not available with --mode qat"));
+  QuantizeOptions pure{.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat", .qat_steps = 1};
+  pure.techniques.precision = Precision::bf16_pure;
+  CHECK_THROWS_WITH(quantize_run(pure), Catch::Contains("--precision bf16-pure is not available with --mode qat"));
   CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .qat_steps = 3}),
                     Catch::Contains("--qat-steps is for --mode qat"));
   CHECK_THROWS_WITH(quantize_run({.run = tmp.file("qat"), .out = tmp.file("z"), .mode = "qat", .qat_steps = 1}),
