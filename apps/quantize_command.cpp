@@ -302,13 +302,12 @@ void add_quantize_command(CLI::App& app) {
   q->add_option("--outlier-threshold", o->outlier_threshold, "gpt int8-outlier: |activation| above this keeps a column in f32")
       ->capture_default_str();
   for (CLI::Option* f : add_technique_flags(q, o->techniques)) f->group("QAT techniques");
+  for (const char* untested : {"--auto-fit", "--profile", "--offload-activations"}) q->remove_option(q->get_option(untested));
   q->add_option("--batch", o->batch, "batch size (default: the run's)");
   q->add_option("--limit-test", o->limit_test, "vision: use the first N test images (default: the run's; 0: all)");
   q->add_option("--eval-windows", o->eval_windows, "gpt: validation windows")->capture_default_str();
   q->add_option("--device", o->device, "device, e.g. cpu:0")->capture_default_str();
   q->callback([o] {
-    MG_CHECK(!o->techniques.profile && !o->techniques.offload_activations && !o->techniques.auto_fit, kCmd,
-             ": --profile, --offload-activations and --auto-fit are not available here");
     const QuantizeResult r = quantize_run(*o);
     const bool acc = r.model == "mobilenetv2";
     const char* unit = acc ? "images/s" : "tokens/s";
