@@ -1,22 +1,33 @@
-// `memgrad quantize` as a library call: post-training int8 quantization of a trained run.
+// `memgrad quantize` as a library call: int8 quantization of a trained run, post-training (ptq)
+// or after quantization-aware fine-tuning (qat, vision runs: models/compress/qat.h).
 // A vision run (MobileNetV2): BatchNorm folded, activation ranges calibrated over N training
 // batches with the chosen observer, 1x1 convs and the classifier on the int8 GEMM, other convs
 // int8 weight-only. A gpt run: every block Linear int8 weight-only (no calibration needed).
 // The fp32 and int8 models are evaluated in one process (test accuracy or validation loss,
 // weight bytes, images or tokens per second) and the int8 model is written to a new run folder
 // (config.json with a "quantized" section + model.int8.safetensors, quant_format.h).
+// qat: BatchNorm folded, fake-quant layers inserted, --qat-steps AdamW steps on the run's training
+// data (cosine from --qat-lr, the Trainer with --precision / --micro-batch / --checkpoint), then
+// converted to the same int8 layers PTQ makes, with the ranges the observers tracked.
 #pragma once
 #include <cstdint>
 #include <string>
+
+#include "apps/technique_options.h"
 
 namespace mg {
 
 struct QuantizeOptions {
   std::string run{};               // a `vision train` or `gpt train` run directory
   std::string out{};               // the new run directory (must not exist)
-  std::string mode = "ptq";        // only ptq
-  int64_t calibrate = 32;          // calibration batches (vision), >= 1
-  std::string observer = "minmax"; // minmax | ema | percentile
+  std::string mode = "ptq";        // ptq | qat (vision runs)
+  int64_t calibrate = 32;          // ptq: calibration batches (vision), >= 1
+  std::string observer{};          // minmax | ema | percentile | mse; "": minmax (ptq), ema (qat)
+  int64_t qat_steps = 0;           // qat: fine-tuning steps, >= 1
+  double qat_lr = 1e-4;            // qat: peak of the cosine schedule (AdamW, weight decay 0.01)
+  TechniqueOptions techniques{};   // qat: checkpointing, precision, micro-batch of the fine-tuning
+  std::string gpt_mode = "weight-only";  // gpt: weight-only | int8-outlier (int8_outlier_linear.h)
+  double outlier_threshold = 6.0;  // gpt int8-outlier: |x| above this keeps a column in f32
   int64_t batch = 0;               // 0: the run's
   int64_t limit_test = -1;         // vision: -1 = the run's, 0 = all test images
   int64_t eval_windows = 32;       // gpt: validation windows
@@ -31,6 +42,9 @@ struct QuantizeResult {
   double fp32_per_s = 0, int8_per_s = 0;  // images or tokens per second (evaluation forwards)
   int64_t examples = 0;            // test images or validation windows
   std::string file;                // the quantized model file
+  double qat_first_loss = 0, qat_last_loss = 0;  // qat: training loss of the first and last step
+  std::string observer;            // the observer used
+  double outlier_column_share = 0; // gpt int8-outlier: input columns kept in f32 (last batch, all layers)
 };
 
 QuantizeResult quantize_run(const QuantizeOptions& options);

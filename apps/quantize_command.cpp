@@ -1,9 +1,13 @@
-// `memgrad quantize --run DIR --mode ptq --calibrate N [--observer ...] --out DIR2`: apps/quantize.h
-// behind the command line, and the evaluation both models go through (same batches, same timer).
+// `memgrad quantize --run DIR --mode ptq|qat [--calibrate N] [--qat-steps N] [--observer ...] --out DIR2`:
+// apps/quantize.h behind the command line, the QAT fine-tuning loop, and the evaluation both
+// models go through (same batches, same timer).
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
+#include <tuple>
 
 #include "apps/commands.h"
 #include "apps/quantize.h"
@@ -13,10 +17,14 @@
 #include "autograd/grad_mode.h"
 #include "data/data_loader.h"
 #include "data/token_window_dataset.h"
+#include "apps/technique_flags.h"
+#include "models/compress/int8_outlier_linear.h"
+#include "models/compress/qat.h"
 #include "models/compress/quant_convert.h"
 #include "models/compress/quant_format.h"
 #include "ops/int8_gemm.h"
 #include "ops/ops.h"
+#include "optim/trainer.h"
 
 namespace mg {
 namespace {
@@ -68,16 +76,73 @@ Eval eval_gpt(GPT& model, const std::shared_ptr<const Dataset>& val, int64_t bat
   return {sum / double(n), double(tokens) / seconds, n};
 }
 
+// The observer a mode uses when --observer is not given.
+std::string observer_of(const QuantizeOptions& o) {
+  return !o.observer.empty() ? o.observer : o.mode == "qat" ? "ema" : "minmax";
+}
+
 void check_options(const QuantizeOptions& o) {
   MG_CHECK(!o.run.empty(), kCmd, ": --run is required");
   MG_CHECK(!o.out.empty(), kCmd, ": --out is required (a new run directory for the quantized model)");
-  MG_CHECK(o.mode == "ptq", kCmd, ": --mode '", o.mode, "' is not supported (known: ptq; QAT is not implemented)");
-  MG_CHECK(o.calibrate >= 1, kCmd, ": --calibrate ", o.calibrate,
-           ": post-training quantization needs at least one calibration batch to measure activation ranges");
-  parse_observer_kind(o.observer);  // throws listing the names
+  MG_CHECK(o.mode == "ptq" || o.mode == "qat", kCmd, ": --mode '", o.mode, "' is not supported (known: ptq, qat)");
+  const ObserverKind observer = parse_observer_kind(observer_of(o));  // throws listing the names
+  if (o.mode == "ptq") {
+    MG_CHECK(o.calibrate >= 1, kCmd, ": --calibrate ", o.calibrate,
+             ": post-training quantization needs at least one calibration batch to measure activation ranges");
+    MG_CHECK(o.qat_steps == 0, kCmd, ": --qat-steps is for --mode qat (post-training quantization does not train)");
+  } else {
+    MG_CHECK(o.qat_steps >= 1, kCmd, ": --mode qat needs --qat-steps N with N >= 1 (got ", o.qat_steps,
+             "): the fine-tuning steps that also observe the activation ranges");
+    MG_CHECK(o.qat_lr > 0 && std::isfinite(o.qat_lr), kCmd, ": --qat-lr must be positive, got ", o.qat_lr);
+    MG_CHECK(observer == ObserverKind::minmax || observer == ObserverKind::ema, kCmd, ": --observer ",
+             observer_kind_name(observer), " is not available with --mode qat (known: minmax, ema)");
+    MG_CHECK(o.techniques.precision != Precision::bf16_pure, kCmd,
+             ": --precision bf16-pure is not available with --mode qat (the int8 conversion reads f32 master weights; "
+             "use --precision bf16 for autocast)");
+  }
+  MG_CHECK(o.gpt_mode == "weight-only" || o.gpt_mode == "int8-outlier", kCmd, ": --gpt-mode '", o.gpt_mode,
+           "' is not supported (known: weight-only, int8-outlier)");
+  MG_CHECK(o.outlier_threshold >= 0 && !std::isnan(o.outlier_threshold), kCmd, ": --outlier-threshold must be >= 0 (or inf), got ",
+           o.outlier_threshold);
   MG_CHECK(!fs::exists(o.out), kCmd, ": --out '", o.out, "' already exists (choose a new directory)");
 }
 
+// Quantization-aware fine-tuning of a folded MobileNetV2 for o.qat_steps steps over the training
+// set (shuffled, epochs repeating); returns the first and last step's loss.
+std::pair<double, double> qat_finetune(MobileNetV2& model, const QuantizeOptions& o,
+                                       const std::shared_ptr<const Dataset>& train, int64_t batch, Device dev) {
+  prepare_qat(model, {.observer = parse_observer_kind(observer_of(o))});
+  model.set_checkpoint(o.techniques.checkpoint);
+  model.train();
+  TrainOptions t;
+  t.lr = o.qat_lr;
+  t.warmup = 0;
+  const LrSchedule sched = t.schedule(o.qat_steps);
+  std::unique_ptr<Optimizer> opt = make_optimizer(t, model);
+  Trainer trainer(model, *opt, o.techniques.trainer_options(0.0));
+  DataLoader loader(train, {.batch_size = batch, .shuffle = true, .seed = 1, .drop_last = true, .device = dev});
+  MG_CHECK(loader.batches_per_epoch() >= 1, kCmd, ": the training set of '", o.run, "' has fewer than ", batch,
+           " images, not one batch for --mode qat");
+  std::pair<double, double> losses;
+  for (int64_t step = 0; step < o.qat_steps; ++step) {
+    std::optional<Batch> b = loader.next();
+    if (!b) b = loader.next();  // the next epoch
+    opt->set_lr(sched(step));
+    const StepReport r = trainer.step(b->size(), [&](int64_t begin, int64_t count) {
+      return cross_entropy(model(narrow(b->input, 0, begin, count)), narrow(b->target, 0, begin, count));
+    });
+    MG_CHECK(std::isfinite(r.loss), kCmd, ": the QAT loss became ", r.loss, " at step ", step + 1,
+             "\n  hint: lower --qat-lr");
+    if (step == 0) losses.first = r.loss;
+    losses.second = r.loss;
+    if ((step + 1) % 50 == 0 || step + 1 == o.qat_steps)
+      std::fprintf(stderr, "quantize: qat step %lld/%lld  loss %.4f  lr %.2e\n", (long long)(step + 1),
+                   (long long)o.qat_steps, r.loss, sched(step));
+  }
+  model.set_checkpoint({});
+  model.eval();
+  return losses;
+}
 
 // The fp32 and int8 figures of a model into r, and the output file in a created run directory.
 void record(QuantizeResult& r, const char* model, const char* metric, const Eval& fp32, const Eval& int8,
@@ -100,40 +165,59 @@ QuantizeResult quantize_vision(const QuantizeOptions& o, const RunDir& run, cons
   const auto& dj = config.at("data");
   const int64_t limit = o.limit_test >= 0 ? o.limit_test : dj.value("limit_test", int64_t(0));
   const int64_t batch = o.batch > 0 ? o.batch : config.value("batch", int64_t(64));
-  // calibration reads the first `calibrate` training batches, unaugmented
-  VisionData data = load_vision_data(dj.at("source").get<std::string>(), cfg.input_size, false, 0,
-                                     o.calibrate * batch, limit);
+  // ptq calibrates on the first `calibrate` training batches, unaugmented; qat fine-tunes on the
+  // run's training set as the run saw it
+  const bool qat = o.mode == "qat";
+  MG_CHECK(o.gpt_mode == "weight-only", kCmd, ": --gpt-mode is for gpt runs; '", o.run, "' is a vision run");
+  VisionData data = qat ? load_vision_data(dj.at("source").get<std::string>(), cfg.input_size,
+                                           dj.value("augment", false), config.value("seed", uint64_t(1)),
+                                           dj.value("limit_train", int64_t(0)), limit)
+                        : load_vision_data(dj.at("source").get<std::string>(), cfg.input_size, false, 0,
+                                           o.calibrate * batch, limit);
   Generator scratch(0);
   auto model = std::make_shared<MobileNetV2>(cfg, InitOptions{.gen = &scratch, .device = dev});
   run.load_weights(*model);
   r.fp32_weight_bytes = weight_bytes(*model);
   const Eval fp32 = eval_vision(*model, data.test, batch, dev);
 
-  NoGradGuard ng;
   model->eval();
   fold_batch_norms(*model);
-  prepare_ptq(*model, {.kind = parse_observer_kind(o.observer)});
-  DataLoader calib(data.train, {.batch_size = batch, .prefetch = 0, .device = dev});
-  int64_t batches = 0;
-  while (batches < o.calibrate) {
-    auto b = calib.next();
-    if (!b) break;
-    (*model)(b->input);
-    ++batches;
+  nlohmann::json calibration = {{"observer", r.observer}};
+  if (qat) {
+    std::tie(r.qat_first_loss, r.qat_last_loss) = qat_finetune(*model, o, data.train, batch, dev);
+    calibration["qat_steps"] = o.qat_steps;
+    calibration["qat_lr"] = o.qat_lr;
+    calibration["techniques"] = o.techniques.to_json();
+    NoGradGuard ng;
+    convert_qat(*model);
+  } else {
+    NoGradGuard ng;
+    prepare_ptq(*model, {.kind = parse_observer_kind(r.observer)});
+    DataLoader calib(data.train, {.batch_size = batch, .prefetch = 0, .device = dev});
+    int64_t batches = 0;
+    while (batches < o.calibrate) {
+      auto b = calib.next();
+      if (!b) break;
+      (*model)(b->input);
+      ++batches;
+    }
+    MG_CHECK(batches >= 1, kCmd, ": the training set of '", o.run, "' gave no calibration batch");
+    calibration["batches"] = batches;
+    convert_ptq(*model);
   }
-  MG_CHECK(batches >= 1, kCmd, ": the training set of '", o.run, "' gave no calibration batch");
-  convert_ptq(*model);
   r.int8_weight_bytes = weight_bytes(*model);
   const Eval int8 = eval_vision(*model, data.test, batch, dev);
   record(r, "mobilenetv2", "test accuracy", fp32, int8, o);
   save_quantized(r.file, *model,
-                 {.model = "mobilenetv2", .config = cfg.to_json(), .scheme = "int8_ptq",
-                  .calibration = {{"observer", o.observer}, {"batches", batches}}, .layers = {}});
+                 {.model = "mobilenetv2", .config = cfg.to_json(), .scheme = qat ? "int8_qat" : "int8_ptq",
+                  .calibration = calibration, .layers = {}});
   return r;
 }
 
 QuantizeResult quantize_gpt(const QuantizeOptions& o, const RunDir& run, const nlohmann::json& config, QuantizeResult r,
                             Device dev) {
+  MG_CHECK(o.mode == "ptq", kCmd, ": --mode ", o.mode, " is available for vision runs only; '", o.run,
+           "' is a gpt run (use --mode ptq)");
   const GPTConfig cfg = GPTConfig::from_json(config.at("model"));
   const auto& dj = config.at("data");
   std::string tf = dj.at("token_file").get<std::string>();
@@ -152,12 +236,25 @@ QuantizeResult quantize_gpt(const QuantizeOptions& o, const RunDir& run, const n
   run.load_weights(*model);
   r.fp32_weight_bytes = weight_bytes(*model);
   const Eval fp32 = eval_gpt(*model, val, batch, dev);
-  quantize_gpt_weight_only(*model);
+  const bool outlier = o.gpt_mode == "int8-outlier";
+  if (outlier) quantize_gpt_int8_outlier(*model, float(o.outlier_threshold));
+  else quantize_gpt_weight_only(*model);
   r.int8_weight_bytes = weight_bytes(*model);
   const Eval int8 = eval_gpt(*model, val, batch, dev);
   record(r, "gpt", "val loss", fp32, int8, o);
+  nlohmann::json calibration = nlohmann::json::object();
+  if (outlier) {
+    calibration["outlier_threshold"] = o.outlier_threshold;
+    // the share of (row, column) activations the last evaluation batch kept in f32, per layer kind
+    int64_t cols = 0, all = 0;
+    for (auto& [name, m] : model->named_modules())
+      if (auto* l = dynamic_cast<Int8OutlierLinear*>(m)) cols += l->last_outlier_columns, all += l->in_features;
+    r.outlier_column_share = all > 0 ? double(cols) / double(all) : 0.0;
+    calibration["outlier_column_share"] = r.outlier_column_share;
+  }
   save_quantized(r.file, *model,
-                 {.model = "gpt", .config = cfg.to_json(), .scheme = "int8_weight_only", .calibration = {}, .layers = {}});
+                 {.model = "gpt", .config = cfg.to_json(), .scheme = outlier ? "int8_outlier" : "int8_weight_only",
+                  .calibration = calibration, .layers = {}});
   return r;
 }
 
@@ -175,25 +272,37 @@ QuantizeResult quantize_run(const QuantizeOptions& o) {
            "' run; quantize takes a 'vision train' or 'gpt train' run");
   const Device dev = open_device(o.device, "");
   QuantizeResult r;
+  r.observer = observer_of(o);
   r = command == "vision train" ? quantize_vision(o, run, config, r, dev) : quantize_gpt(o, run, config, r, dev);
   config[kQuantizedConfigKey] = {{"file", kQuantizedModelFile}, {"mode", o.mode},
                                  {"source_run", fs::absolute(o.run).lexically_normal().string()},
                                  {"fp32_" + std::string(r.model == "gpt" ? "val_loss" : "accuracy"), r.fp32_metric},
                                  {"int8_" + std::string(r.model == "gpt" ? "val_loss" : "accuracy"), r.int8_metric},
                                  {"fp32_weight_bytes", r.fp32_weight_bytes}, {"int8_weight_bytes", r.int8_weight_bytes}};
-  if (r.model == "mobilenetv2") config[kQuantizedConfigKey]["calibration"] = {{"observer", o.observer}, {"batches", o.calibrate}};
+  if (r.model == "mobilenetv2") config[kQuantizedConfigKey]["calibration"] = read_quantized_info(r.file).calibration;
   RunDir(o.out).write_config(config);
   return r;
 }
 
 void add_quantize_command(CLI::App& app) {
   auto o = std::make_shared<QuantizeOptions>();
-  CLI::App* q = app.add_subcommand("quantize", "Post-training int8 quantization of a trained run, compared with fp32");
+  CLI::App* q = app.add_subcommand("quantize", "Int8 quantization of a trained run (post-training or quantization-aware), compared with fp32");
   q->add_option("--run", o->run, "run directory (from vision train or gpt train)")->required();
   q->add_option("--out", o->out, "new run directory for the int8 model")->required();
-  q->add_option("--mode", o->mode, "ptq (post-training quantization)")->capture_default_str();
-  q->add_option("--calibrate", o->calibrate, "calibration batches (vision)")->capture_default_str();
-  q->add_option("--observer", o->observer, "activation range observer: minmax, ema, percentile")->capture_default_str();
+  q->add_option("--mode", o->mode, "ptq (post-training quantization) or qat (quantization-aware fine-tuning, vision)")
+      ->capture_default_str();
+  q->add_option("--calibrate", o->calibrate, "ptq: calibration batches (vision)")->capture_default_str();
+  q->add_option("--observer", o->observer,
+                "activation range observer: minmax, ema, percentile, mse (histogram, least quantization error) (default: minmax for ptq, ema for qat)");
+  q->add_option("--qat-steps", o->qat_steps, "qat: fine-tuning steps on the run's training data");
+  q->add_option("--qat-lr", o->qat_lr, "qat: peak learning rate (cosine schedule, AdamW)")->capture_default_str();
+  q->add_option("--gpt-mode", o->gpt_mode,
+                "gpt: weight-only (int8 weights, f32 math) or int8-outlier (LLM.int8(): int8 GEMM, outlier columns in f32)")
+      ->capture_default_str();
+  q->add_option("--outlier-threshold", o->outlier_threshold, "gpt int8-outlier: |activation| above this keeps a column in f32")
+      ->capture_default_str();
+  for (CLI::Option* f : add_technique_flags(q, o->techniques)) f->group("QAT techniques");
+  for (const char* untested : {"--auto-fit", "--profile", "--offload-activations"}) q->remove_option(q->get_option(untested));
   q->add_option("--batch", o->batch, "batch size (default: the run's)");
   q->add_option("--limit-test", o->limit_test, "vision: use the first N test images (default: the run's; 0: all)");
   q->add_option("--eval-windows", o->eval_windows, "gpt: validation windows")->capture_default_str();
@@ -202,15 +311,22 @@ void add_quantize_command(CLI::App& app) {
     const QuantizeResult r = quantize_run(*o);
     const bool acc = r.model == "mobilenetv2";
     const char* unit = acc ? "images/s" : "tokens/s";
-    std::printf("quantize: %s -> %s (%s, int8 path %s)\n", o->run.c_str(), r.file.c_str(), r.model.c_str(),
-                int8_gemm_path());
+    std::printf("quantize: %s -> %s (%s, %s, int8 path %s)\n", o->run.c_str(), r.file.c_str(), r.model.c_str(),
+                o->mode.c_str(), int8_gemm_path());
+    if (r.model == "gpt" && o->gpt_mode == "int8-outlier")
+      std::printf("  gpt mode int8-outlier, threshold %g: %.2f%% of the Linear input columns in f32 (last batch)\n",
+                  o->outlier_threshold, 100 * r.outlier_column_share);
+    else if (r.model == "gpt")
+      std::printf("  gpt mode weight-only\n");
+    if (o->mode == "qat")
+      std::printf("  qat: %lld steps, loss %.4f -> %.4f\n", (long long)o->qat_steps, r.qat_first_loss, r.qat_last_loss);
     std::printf("  %-6s %-14s %-16s %s\n", "", r.metric.c_str(), "weight bytes", unit);
     auto row = [&](const char* name, double metric, int64_t bytes, double per_s) {
       if (acc) std::printf("  %-6s %13.2f%% %16lld %10.1f\n", name, 100 * metric, (long long)bytes, per_s);
-      else std::printf("  %-6s %14.4f %16lld %10.1f\n", name, metric, (long long)bytes, per_s);
+      else std::printf("  %-6s %14.5f %16lld %10.1f\n", name, metric, (long long)bytes, per_s);
     };
     row("fp32", r.fp32_metric, r.fp32_weight_bytes, r.fp32_per_s);
-    row("int8", r.int8_metric, r.int8_weight_bytes, r.int8_per_s);
+    row(o->mode == "qat" ? "qat" : r.model == "gpt" ? "int8" : "ptq", r.int8_metric, r.int8_weight_bytes, r.int8_per_s);
     std::printf("  weight bytes %.2fx smaller, %s %.2fx, on %lld %s\n",
                 double(r.fp32_weight_bytes) / double(r.int8_weight_bytes), unit, r.int8_per_s / r.fp32_per_s,
                 (long long)r.examples, acc ? "test images" : "validation windows");

@@ -76,8 +76,13 @@ void add_vision_command(CLI::App& app) {
   eval->add_option("--device", e->device, "device, e.g. cpu:0")->capture_default_str();
   eval->callback([e] {
     VisionEvalResult r = vision_eval(*e);
-    std::printf("vision eval: %s  test accuracy %.2f%% on %lld images  %.1f images/s\n", e->run.c_str(),
-                100.0 * r.accuracy, (long long)r.examples, r.images_per_s);
+    std::printf("vision eval: %s  test accuracy %.2f%% on %lld images  %.1f images/s  weight bytes %lld  peak %lld\n",
+                e->run.c_str(), 100.0 * r.accuracy, (long long)r.examples, r.images_per_s, (long long)r.weight_bytes,
+                (long long)r.peak_bytes);
+    if (!r.scheme.empty())
+      std::printf("  %s model; the fp32 run it came from: test accuracy %.2f%%, weight bytes %lld (%.2fx)\n",
+                  r.scheme.c_str(), 100.0 * r.fp32_accuracy, (long long)r.fp32_weight_bytes,
+                  double(r.fp32_weight_bytes) / double(r.weight_bytes));
   });
 }
 

@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "apps/ddp_setup.h"
+#include "apps/quantize.h"
 #include "apps/run_dir.h"
 #include "apps/run_setup.h"
 #include "autograd/autocast.h"
@@ -20,6 +21,8 @@
 #include "data/fashion_mnist.h"
 #include "data/image_folder.h"
 #include "data/transforms.h"
+#include "models/compress/quant_convert.h"
+#include "models/compress/quant_format.h"
 #include "models/nn/batch_norm_stats.h"
 #include "ops/ops.h"
 #include "optim/optim.h"
@@ -71,7 +74,9 @@ Transform pipeline(int64_t size, bool augment, const std::vector<float>& mean, c
 
 // Inputs in the model's parameter dtype (bf16 for bf16-pure runs; a no-op cast otherwise).
 Tensor model_input(const MobileNetV2& model, const Tensor& x) {
-  const DType d = model.features->parameters()[0].dtype();
+  const auto params = model.features->parameters();
+  if (params.empty()) return x;  // a quantized model: int8 buffers, f32 inputs
+  const DType d = params[0].dtype();
   return x.dtype() == d ? x : cast(x, d);
 }
 
@@ -323,7 +328,39 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   return r;
 }
 
+// The int8 model of a quantized run (memgrad quantize): no BatchNorm is left to recompute.
+VisionEvalResult eval_quantized(const VisionEvalOptions& o, const RunDir& run, const nlohmann::json& config) {
+  const nlohmann::json& q = config.at(kQuantizedConfigKey);
+  const Device device = open_device(o.device, "");
+  const LoadedQuantizedModel l = load_quantized(run.file(q.value("file", std::string(kQuantizedModelFile))), device);
+  auto* model = dynamic_cast<MobileNetV2*>(l.model.get());
+  MG_CHECK(model, "vision eval: the quantized model of '", o.run, "' is a ", l.info.model, ", not a MobileNetV2");
+  const auto& dj = config.at("data");
+  const std::string source = o.data.empty() ? dj.at("source").get<std::string>() : o.data;
+  const int64_t limit = o.limit_test >= 0 ? o.limit_test : dj.value("limit_test", int64_t(0));
+  const int64_t batch = o.batch > 0 ? o.batch : config.value("batch", int64_t(64));
+  VisionData data = load_vision_data(source, model->config().input_size, false, 0, batch, limit);
+  MG_CHECK(data.num_classes == model->config().num_classes, "vision eval: --data '", source, "' has ", data.num_classes,
+           " classes, the run's model ", model->config().num_classes);
+  VisionEvalResult r;
+  r.scheme = l.info.scheme;
+  r.weight_bytes = weight_bytes(*model);
+  r.fp32_accuracy = q.value("fp32_accuracy", std::nan(""));
+  r.fp32_weight_bytes = q.value("fp32_weight_bytes", int64_t(0));
+  reset_peak_stats(device);
+  r.accuracy = accuracy(*model, data.test, batch, device, &r.images_per_s);
+  r.peak_bytes = memory_stats(device).allocated.peak;
+  r.examples = data.test->size();
+  return r;
+}
+
 VisionEvalResult vision_eval(const VisionEvalOptions& o) {
+  if (RunDir q(o.run); q.has_config() && q.read_config().contains(kQuantizedConfigKey)) {
+    const nlohmann::json config = q.read_config();  // a quantized run has a model file, no checkpoint
+    MG_CHECK(config.value("command", "") == kCmd, "vision eval: '", o.run, "' is a quantized '",
+             config.value("command", "?"), "' run, not a vision run");
+    return eval_quantized(o, q, config);
+  }
   RunDir run = existing_run_dir(o.run, "vision eval");
   const nlohmann::json config = run.read_config();
   MG_CHECK(config.value("command", "") == kCmd, "vision eval: '", o.run, "' is a '", config.value("command", "?"),
@@ -346,7 +383,10 @@ VisionEvalResult vision_eval(const VisionEvalOptions& o) {
   run.load_weights(model);
   VisionEvalResult r;
   recompute_statistics(model, data.train, batch, device, precision);
+  r.weight_bytes = weight_bytes(model);
+  reset_peak_stats(device);
   r.accuracy = accuracy(model, data.test, batch, device, &r.images_per_s, precision);
+  r.peak_bytes = memory_stats(device).allocated.peak;
   r.examples = data.test->size();
   return r;
 }

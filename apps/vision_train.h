@@ -5,6 +5,7 @@
 // cosine schedule, reports test accuracy per epoch, and checkpoints so a resumed run's losses
 // equal an uninterrupted run's exactly.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -58,8 +59,16 @@ struct VisionEvalResult {
   double accuracy = 0.0;
   int64_t examples = 0;
   double images_per_s = 0.0;
+  int64_t weight_bytes = 0;     // the model's parameters and buffers
+  int64_t peak_bytes = 0;       // the device's peak allocated bytes during the test pass
+  // A quantized run (memgrad quantize): its scheme ("int8_ptq", "int8_qat") and the fp32 figures
+  // quantize recorded; "" and NaN for an fp32 run.
+  std::string scheme{};
+  double fp32_accuracy = std::nan("");
+  int64_t fp32_weight_bytes = 0;
 };
 
+// A quantized run (config.json has a "quantized" section) runs its int8 model from the file.
 VisionEvalResult vision_eval(const VisionEvalOptions& options);
 
 // The train and test sets for `data` ("fashion-mnist" or an image folder) as (C, S, S) f32

@@ -12,18 +12,16 @@
 
 namespace mg {
 
-QuantizedChannels quantize_per_channel(const Tensor& w) {
+Tensor per_channel_scales(const Tensor& w) {
   MG_CHECK(w.defined() && is_floating(w.dtype()) && w.dim() >= 1 && w.size(0) > 0,
-           "quantize_per_channel: expected a floating tensor (C, ...) with C > 0, got ",
+           "per_channel_scales: expected a floating tensor (C, ...) with C > 0, got ",
            w.defined() ? shape_str(w.shape()) : std::string("an undefined tensor"));
   const int64_t C = w.size(0), inner = w.numel() / C;
-  QuantizedChannels out{empty(w.shape(), {.dtype = DType::i8, .device = w.device()}),
-                        empty({C}, {.dtype = DType::f32, .device = w.device()})};
-  if (w.is_meta()) return out;
-  Tensor wf = contiguous(cast(w, DType::f32));
+  Tensor scales = empty({C}, {.dtype = DType::f32, .device = w.device()});
+  if (w.is_meta()) return scales;
+  Tensor wf = contiguous(cast(w.detach(), DType::f32));
   const float* src = wf.data<float>();
-  int8_t* q = out.values.data<int8_t>();
-  float* s = out.scales.data<float>();
+  float* s = scales.data<float>();
   for (int64_t i = 0; i < wf.numel(); ++i)  // checked before the parallel loop (no throw inside it)
     MG_CHECK(std::isfinite(src[i]), "quantize_per_channel: channel ", i / inner, " holds a non-finite value ", src[i]);
   parallel_for(0, C, 16, [&](int64_t c0, int64_t c1) {
@@ -31,11 +29,27 @@ QuantizedChannels quantize_per_channel(const Tensor& w) {
       const float* row = src + c * inner;
       float amax = 0.f;
       for (int64_t i = 0; i < inner; ++i) amax = std::max(amax, std::fabs(row[i]));
-      const float scale = amax > 0.f ? amax / 127.f : 1.f;
-      s[c] = scale;
-      for (int64_t i = 0; i < inner; ++i)
-        q[c * inner + i] = int8_t(std::clamp(std::nearbyint(row[i] / scale), -127.f, 127.f));
+      s[c] = amax > 0.f ? amax / 127.f : 1.f;
     }
+  });
+  return scales;
+}
+
+QuantizedChannels quantize_per_channel(const Tensor& w) {
+  MG_CHECK(w.defined() && is_floating(w.dtype()) && w.dim() >= 1 && w.size(0) > 0,
+           "quantize_per_channel: expected a floating tensor (C, ...) with C > 0, got ",
+           w.defined() ? shape_str(w.shape()) : std::string("an undefined tensor"));
+  const int64_t C = w.size(0), inner = w.numel() / C;
+  QuantizedChannels out{empty(w.shape(), {.dtype = DType::i8, .device = w.device()}), per_channel_scales(w)};
+  if (w.is_meta()) return out;
+  Tensor wf = contiguous(cast(w.detach(), DType::f32));
+  const float* src = wf.data<float>();
+  int8_t* q = out.values.data<int8_t>();
+  const float* s = out.scales.data<float>();
+  parallel_for(0, C, 16, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c)
+      for (int64_t i = 0; i < inner; ++i)
+        q[c * inner + i] = int8_t(std::clamp(std::nearbyint(src[c * inner + i] / s[c]), -127.f, 127.f));
   });
   return out;
 }

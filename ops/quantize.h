@@ -17,6 +17,9 @@ struct QuantizedChannels {
 
 // w: (C, ...) floating -> values i8 (C, ...), scales (C). A channel of zeros gets scale 1.
 QuantizedChannels quantize_per_channel(const Tensor& w);
+// w: (C, ...) floating -> (C) f32: max_i |w[c, i]| / 127 (1 for a channel of zeros), the scales
+// quantize_per_channel uses. Non-finite values are an error.
+Tensor per_channel_scales(const Tensor& w);
 // values i8 (C, ...), scales (C) f32 -> f32 (C, ...): values * scale_c.
 Tensor dequantize_per_channel(const Tensor& values, const Tensor& scales);
 

@@ -66,14 +66,16 @@ ConvertCounts convert(Module& root, bool calibrated) {
     for (size_t i = 0; i < s->size(); ++i) {
       std::shared_ptr<UnaryModule> layer = (*s)[i];
       ActivationQParams q;
-      if (auto* probe = dynamic_cast<CalibrationProbe*>(layer.get())) {
-        MG_CHECK(probe->observer.batches() > 0, "convert_ptq: layer '", child_path(name, i),
-                 "' saw no calibration batch\n  hint: run at least one batch through the model after prepare_ptq");
-        q = probe->observer.qparams();
-        layer = probe->inner;
+      if (auto* observed = dynamic_cast<ObservedLayer*>(layer.get())) {
+        if (observed->takes_int8_input()) {
+          MG_CHECK(observed->observed_batches() > 0, "convert_ptq: layer '", child_path(name, i), "' (",
+                   observed->type_name(), ") saw no calibration batch, so its input range is unknown\n"
+                   "  hint: run at least one batch through the model after prepare_ptq (a training step after prepare_qat)");
+          q = observed->input_qparams();
+        }
+        layer = observed->float_layer();
       } else if (calibrated) {
-        auto* c = dynamic_cast<Conv2d*>(layer.get());
-        MG_CHECK(!(c && Int8Conv2d::supports(*c)) && layer->type_name() != "Linear", "convert_ptq: layer '",
+        MG_CHECK(!runs_int8(*layer), "convert_ptq: layer '",
                  child_path(name, i), "' (", layer->type_name(), ") has no calibration probe\n"
                  "  hint: call prepare_ptq and run calibration batches before convert_ptq");
       }
@@ -97,8 +99,13 @@ ConvertCounts convert(Module& root, bool calibrated) {
 
 }  // namespace
 
+bool runs_int8(const UnaryModule& layer) {
+  if (auto* c = dynamic_cast<const Conv2d*>(&layer)) return Int8Conv2d::supports(*c);
+  return dynamic_cast<const Linear*>(&layer) && layer.type_name() == "Linear";
+}
+
 CalibrationProbe::CalibrationProbe(std::shared_ptr<UnaryModule> in, ObserverOptions opt)
-    : UnaryModule("CalibrationProbe"), inner(std::move(in)), observer(opt) {
+    : ObservedLayer("CalibrationProbe"), inner(std::move(in)), observer(opt) {
   register_module("inner", inner);
 }
 
@@ -142,9 +149,7 @@ int64_t prepare_ptq(Module& root, ObserverOptions opt) {
   for (auto& [name, s] : sequentials(root))
     for (size_t i = 0; i < s->size(); ++i) {
       std::shared_ptr<UnaryModule> layer = (*s)[i];
-      auto* c = dynamic_cast<Conv2d*>(layer.get());
-      const bool linear = dynamic_cast<Linear*>(layer.get()) && layer->type_name() == "Linear";
-      if (!(c && Int8Conv2d::supports(*c)) && !linear) continue;
+      if (!runs_int8(*layer)) continue;
       s->replace(i, std::make_shared<CalibrationProbe>(layer, opt));
       ++n;
     }

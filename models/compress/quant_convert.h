@@ -4,7 +4,7 @@
 //    with bias (eval statistics: w' = w * g / sqrt(v + eps), b' = (b - mean) * g / sqrt(v + eps) + beta).
 // 2. prepare_ptq: each 1x1 conv and each Linear in a Sequential is wrapped in a CalibrationProbe
 //    whose observer records the layer's input range while the caller runs calibration batches.
-// 3. convert_ptq: probes become Int8Conv2d / Int8Linear (a following ReLU6 fused into the clamp),
+// 3. convert_ptq: probes (and QAT's fake-quant layers, models/compress/qat.h) become Int8Conv2d / Int8Linear (a following ReLU6 fused into the clamp),
 //    every other Conv2d becomes Int8WeightOnlyConv2d.
 // GPT: quantize_gpt_weight_only swaps every Linear of every block for an Int8WeightOnlyLinear.
 #pragma once
@@ -17,11 +17,31 @@
 
 namespace mg {
 
+// A float layer wrapped by a pass that observes it (a PTQ calibration probe, a QAT fake-quant
+// layer, models/compress/qat.h): convert_ptq swaps the wrapper for the int8 layer of float_layer(),
+// with input_qparams() as its activation quantization when takes_int8_input().
+class ObservedLayer : public UnaryModule {
+ public:
+  using UnaryModule::UnaryModule;
+  virtual std::shared_ptr<UnaryModule> float_layer() const = 0;
+  virtual bool takes_int8_input() const = 0;
+  virtual int64_t observed_batches() const = 0;
+  virtual ActivationQParams input_qparams() const = 0;
+};
+
+// Whether convert_ptq puts `layer` on the int8 GEMM (its input quantized): a 1x1 stride-1
+// ungrouped Conv2d or a plain Linear. Every other Conv2d becomes int8 weight-only.
+bool runs_int8(const UnaryModule& layer);
+
 // Runs the observer over x, then the wrapped layer.
-class CalibrationProbe : public UnaryModule {
+class CalibrationProbe : public ObservedLayer {
  public:
   CalibrationProbe(std::shared_ptr<UnaryModule> inner, ObserverOptions opt);
   Tensor forward(const Tensor& x) override;
+  std::shared_ptr<UnaryModule> float_layer() const override { return inner; }
+  bool takes_int8_input() const override { return true; }
+  int64_t observed_batches() const override { return observer.batches(); }
+  ActivationQParams input_qparams() const override { return observer.qparams(); }
   std::shared_ptr<UnaryModule> inner;
   Observer observer;
 };

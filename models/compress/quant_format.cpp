@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/safetensors.h"
+#include "models/compress/int8_outlier_linear.h"
 #include "models/compress/quant_convert.h"
 #include "models/mobilenet_v2.h"
 
@@ -90,14 +91,16 @@ LoadedQuantizedModel load_quantized(const std::string& path, Device device) {
   LoadedQuantizedModel out{nullptr, read_quantized_info(path)};
   const QuantizedModelInfo& info = out.info;
   if (info.model == "gpt") {
-    MG_CHECK(info.scheme == "int8_weight_only", "'", path, "': scheme '", info.scheme,
-             "' is not supported for gpt (known: int8_weight_only)");
+    MG_CHECK(info.scheme == "int8_weight_only" || info.scheme == "int8_outlier", "'", path, "': scheme '", info.scheme,
+             "' is not supported for gpt (known: int8_weight_only, int8_outlier)");
     auto gpt = std::make_shared<GPT>(GPTConfig::from_json(info.config), InitOptions{.device = device});
-    quantize_gpt_weight_only(*gpt);
+    if (info.scheme == "int8_outlier") quantize_gpt_int8_outlier(*gpt);  // the threshold is loaded with the weights
+    else quantize_gpt_weight_only(*gpt);
     out.model = gpt;
   } else {
-    MG_CHECK(info.scheme == "int8_ptq", "'", path, "': scheme '", info.scheme,
-             "' is not supported for mobilenetv2 (known: int8_ptq)");
+    // QAT converts to the same layers as PTQ (models/compress/qat.h)
+    MG_CHECK(info.scheme == "int8_ptq" || info.scheme == "int8_qat", "'", path, "': scheme '", info.scheme,
+             "' is not supported for mobilenetv2 (known: int8_ptq, int8_qat)");
     auto net = std::make_shared<MobileNetV2>(MobileNetV2Config::from_json(info.config), InitOptions{.device = device});
     net->eval();
     fold_batch_norms(*net);

@@ -19,7 +19,7 @@ inline constexpr const char* kQuantMetadataKey = "memgrad.quantized";
 struct QuantizedModelInfo {
   std::string model;      // "gpt" or "mobilenetv2"
   nlohmann::json config;  // GPTConfig / MobileNetV2Config JSON
-  std::string scheme;     // "int8_weight_only" (GPT) or "int8_ptq" (MobileNetV2)
+  std::string scheme;     // "int8_weight_only", "int8_outlier" (GPT), "int8_ptq" or "int8_qat" (MobileNetV2)
   nlohmann::json calibration = nlohmann::json::object();  // observer, batches (PTQ)
   std::map<std::string, std::string> layers;  // dotted name -> layer type (Int8Conv2d, ...)
 };

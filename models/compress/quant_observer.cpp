@@ -15,7 +15,8 @@ ObserverKind parse_observer_kind(const std::string& s) {
   if (s == "minmax") return ObserverKind::minmax;
   if (s == "ema") return ObserverKind::ema;
   if (s == "percentile") return ObserverKind::percentile;
-  MG_THROW("unknown observer '", s, "' (known: minmax, ema, percentile)");
+  if (s == "mse") return ObserverKind::mse;
+  MG_THROW("unknown observer '", s, "' (known: minmax, ema, percentile, mse)");
 }
 
 const char* observer_kind_name(ObserverKind k) {
@@ -23,6 +24,7 @@ const char* observer_kind_name(ObserverKind k) {
     case ObserverKind::minmax: return "minmax";
     case ObserverKind::ema: return "ema";
     case ObserverKind::percentile: return "percentile";
+    case ObserverKind::mse: return "mse";
   }
   return "?";
 }
@@ -64,7 +66,8 @@ void Observer::observe(const Tensor& x) {
     hi_ = float(hi_sum_ / double(batches_));
     return;
   }
-  if (batches_ == 0 || opt_.kind == ObserverKind::minmax) {
+  if (opt_.kind == ObserverKind::mse) hist_.add(p, n, lo, hi);
+  if (batches_ == 0 || opt_.kind == ObserverKind::minmax || opt_.kind == ObserverKind::mse) {
     lo_ = batches_ == 0 ? lo : std::min(lo_, lo);
     hi_ = batches_ == 0 ? hi : std::max(hi_, hi);
   } else {  // ema
@@ -75,9 +78,23 @@ void Observer::observe(const Tensor& x) {
   ++batches_;
 }
 
+void Observer::restore(float lo, float hi, int64_t batches) {
+  MG_CHECK(opt_.kind == ObserverKind::minmax || opt_.kind == ObserverKind::ema, "Observer::restore: a ",
+           observer_kind_name(opt_.kind), " observer cannot be restored (minmax and ema only)");
+  MG_CHECK(batches >= 0 && (batches == 0 || (std::isfinite(lo) && std::isfinite(hi) && lo <= hi)),
+           "Observer::restore: invalid state [", lo, ", ", hi, "] after ", batches, " batches");
+  lo_ = lo;
+  hi_ = hi;
+  batches_ = batches;
+}
+
 ActivationQParams Observer::qparams() const {
   MG_CHECK(batches_ > 0, "Observer: no calibration batch was observed, so there is no activation range\n"
                          "  hint: calibrate with at least one batch (--calibrate N, N >= 1)");
+  if (opt_.kind == ObserverKind::mse) {
+    const auto [lo, hi] = hist_.mse_range();
+    return choose_qparams_u8(lo, hi);
+  }
   return choose_qparams_u8(lo_, hi_);
 }
 

@@ -50,8 +50,8 @@ TEST_CASE("quantize: a vision run with PTQ, then the bad inputs", "[apps][quant]
                     Catch::Contains("--calibrate 0") && Catch::Contains("at least one calibration batch"));
   CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .observer = "histogram"}),
                     Catch::Contains("unknown observer 'histogram'"));
-  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat"}),
-                    Catch::Contains("--mode 'qat' is not supported"));
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qtt"}),
+                    Catch::Contains("--mode 'qtt' is not supported (known: ptq, qat)"));
   CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("int8")}), Catch::Contains("already exists"));
   CHECK_THROWS_WITH(quantize_run({.run = tmp.file("nothing"), .out = tmp.file("z")}),
                     Catch::Contains("not a run directory"));
@@ -67,6 +67,52 @@ TEST_CASE("quantize: a vision run with PTQ, then the bad inputs", "[apps][quant]
   std::vector<std::string> reversed(args.rbegin(), args.rend());
   app.parse(reversed);
   CHECK(fs::exists(tmp.file("cli/") + kQuantizedModelFile));
+}
+
+TEST_CASE("quantize --mode qat: fine-tunes, converts, evaluates; bad flags", "[apps][quant][qat]") {
+  DataTempDir tmp("quantize_qat");
+  const std::string images = write_tiny_image_folder(tmp, 20);
+  VisionTrainOptions t;
+  t.config = MobileNetV2Config{.width_mult = 0.25, .num_classes = 2, .small_input = true, .input_size = 8};
+  t.data = images;
+  t.out = tmp.file("fp32");
+  t.batch = 12;
+  t.lr = 1e-2;
+  t.progress = ProgressStyle::none;
+  vision_train(t);
+
+  QuantizeOptions q{.run = tmp.file("fp32"), .out = tmp.file("qat"), .mode = "qat", .qat_steps = 2};
+  q.techniques.micro_batch = 6;  // with gradient accumulation
+  const QuantizeResult r = quantize_run(q);
+  CHECK(r.observer == "ema");
+  CHECK((std::isfinite(r.qat_first_loss) && std::isfinite(r.qat_last_loss)));
+  CHECK(r.int8_weight_bytes * 3 < r.fp32_weight_bytes);
+  const LoadedQuantizedModel l = load_quantized(r.file);
+  CHECK(l.info.scheme == "int8_qat");
+  CHECK(l.info.calibration.at("qat_steps") == 2);
+  // vision eval runs the int8 model of the quantized run and reproduces quantize's accuracy
+  const VisionEvalResult e = vision_eval({.run = tmp.file("qat")});
+  CHECK(e.scheme == "int8_qat");
+  CHECK(e.accuracy == Approx(r.int8_metric));
+  CHECK(e.weight_bytes == r.int8_weight_bytes);
+  CHECK(e.fp32_weight_bytes == r.fp32_weight_bytes);
+
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat"}),
+                    Catch::Contains("--mode qat needs --qat-steps N with N >= 1"));
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat", .observer = "percentile",
+                                  .qat_steps = 1}),
+                    Catch::Contains("--observer percentile is not available with --mode qat"));
+  QuantizeOptions pure{.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat", .qat_steps = 1};
+  pure.techniques.precision = Precision::bf16_pure;
+  CHECK_THROWS_WITH(quantize_run(pure), Catch::Contains("--precision bf16-pure is not available with --mode qat"));
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .qat_steps = 3}),
+                    Catch::Contains("--qat-steps is for --mode qat"));
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("qat"), .out = tmp.file("z"), .mode = "qat", .qat_steps = 1}),
+                    Catch::Contains("already a quantized run"));
+  QuantizeOptions g{.run = tmp.file("fp32"), .out = tmp.file("z")};
+  g.gpt_mode = "int8-outlier";
+  CHECK_THROWS_WITH(quantize_run(g), Catch::Contains("--gpt-mode is for gpt runs"));
+  CHECK(!fs::exists(tmp.file("z")));
 }
 
 TEST_CASE("quantize: a gpt run, weight-only int8", "[apps][quant]") {
@@ -86,4 +132,19 @@ TEST_CASE("quantize: a gpt run, weight-only int8", "[apps][quant]") {
   CHECK(std::abs(r.int8_metric - r.fp32_metric) < 0.02 * r.fp32_metric);
   CHECK(r.int8_weight_bytes < r.fp32_weight_bytes);
   CHECK(load_quantized(r.file).info.layers.size() == 4);
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat", .qat_steps = 1}),
+                    Catch::Contains("available for vision runs only"));
+  // LLM.int8()-style: int8 GEMM with outlier columns in f32
+  QuantizeOptions o{.run = tmp.file("fp32"), .out = tmp.file("outlier"), .eval_windows = 4};
+  o.gpt_mode = "int8-outlier";
+  const QuantizeResult ro = quantize_run(o);
+  CHECK(std::abs(ro.int8_metric - ro.fp32_metric) < 0.05 * ro.fp32_metric);
+  CHECK((ro.outlier_column_share >= 0 && ro.outlier_column_share <= 1));
+  CHECK(load_quantized(ro.file).info.scheme == "int8_outlier");
+  o.out = tmp.file("z");
+  o.gpt_mode = "int4";
+  CHECK_THROWS_WITH(quantize_run(o), Catch::Contains("--gpt-mode 'int4' is not supported"));
+  o.gpt_mode = "int8-outlier";
+  o.outlier_threshold = -1;
+  CHECK_THROWS_WITH(quantize_run(o), Catch::Contains("--outlier-threshold must be >= 0"));
 }

@@ -129,8 +129,46 @@ TEST_CASE("observers: minmax, ema, percentile, and no batches is an error", "[qu
   CHECK(pc.hi() > 0.95f);
   CHECK(pc.lo() < 0.05f);
   CHECK(parse_observer_kind("ema") == ObserverKind::ema);
-  CHECK_THROWS_WITH(parse_observer_kind("histogram"), Catch::Contains("known: minmax, ema, percentile"));
+  CHECK_THROWS_WITH(parse_observer_kind("histogram"), Catch::Contains("known: minmax, ema, percentile, mse"));
   CHECK_THROWS_WITH(Observer().observe(from_vector(std::vector<double>{NAN}, {1}, {})), Catch::Contains("non-finite"));
+}
+
+// n standard normal values (f32).
+Tensor randn(int64_t n, uint64_t seed) {
+  Generator g(seed);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = g.normal_at(uint64_t(i));
+  return from_vector(v, {n}, {.dtype = DType::f32});
+}
+
+// The measured squared error of quantizing x with q.
+double quant_mse(const Tensor& x, ActivationQParams q) {
+  const auto a = x.to_vector<float>(), b = dequantize_per_tensor(quantize_per_tensor(x, q), q).to_vector<float>();
+  double e = 0;
+  for (size_t i = 0; i < a.size(); ++i) e += double(a[i] - b[i]) * (a[i] - b[i]);
+  return e / double(a.size());
+}
+
+TEST_CASE("mse observer: beats min-max on a distribution with an outlier, equals it without", "[quant]") {
+  // 2^20 values ~ N(0, 1) over two batches, and one at 80: min-max spends its 255 steps on
+  // [-5, 80]; clipping the outlier costs 75^2 / 2^20 = 0.005 and saves more in rounding error
+  Tensor a = randn({1 << 19}, 7), b = randn({1 << 19}, 8);
+  { NoGradGuard ng; fill_(b.as_strided({1}, {1}, 17), 80.0); }
+  Observer mm({.kind = ObserverKind::minmax}), mse({.kind = ObserverKind::mse});
+  for (Observer* o : {&mm, &mse}) o->observe(a), o->observe(b);
+  CHECK(mse.lo() == mm.lo());  // the extremes seen are the same
+  Tensor all = cat({a, b}, 0);
+  const double e_mm = quant_mse(all, mm.qparams()), e_mse = quant_mse(all, mse.qparams());
+  UNSCOPED_INFO("quantization MSE: minmax " << e_mm << ", mse " << e_mse << ", mse range scale " << mse.qparams().scale);
+  CHECK(e_mse < 0.8 * e_mm);
+  CHECK(mse.qparams().scale < 0.5f * mm.qparams().scale);  // the outlier was clipped
+  // a uniform distribution has nothing worth clipping: mse keeps (nearly) the min-max range
+  Observer mm2({.kind = ObserverKind::minmax}), mse2({.kind = ObserverKind::mse});
+  Tensor u = rand_tensor({20000}, 9, DType::f32, -1, 3);
+  mm2.observe(u), mse2.observe(u);
+  CHECK(mse2.qparams().scale == Approx(mm2.qparams().scale).epsilon(0.02));
+  CHECK(quant_mse(u, mse2.qparams()) <= 1.05 * quant_mse(u, mm2.qparams()));
+  CHECK_THROWS_WITH(Observer({.kind = ObserverKind::mse}).qparams(), Catch::Contains("no calibration batch"));
 }
 
 TEST_CASE("fold_batch_norms: the folded MobileNetV2 equals the unfolded one in eval", "[quant]") {
@@ -172,7 +210,7 @@ TEST_CASE("Int8Conv2d and Int8Linear equal f32 math on the dequantized operands"
 }
 
 TEST_CASE("MobileNetV2 PTQ: close to the float model, fewer weight bytes, every observer", "[quant]") {
-  for (ObserverKind kind : {ObserverKind::minmax, ObserverKind::ema, ObserverKind::percentile}) {
+  for (ObserverKind kind : {ObserverKind::minmax, ObserverKind::ema, ObserverKind::percentile, ObserverKind::mse}) {
     INFO("observer " << observer_kind_name(kind));
     auto ref = float_net();
     const int64_t fp32_bytes = weight_bytes(*ref);
