@@ -125,6 +125,7 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     else static_cast<MobileNetV2&>(*model).set_checkpoint(tech.checkpoint);
     TrainOptions o;
     o.optimizer = w.optimizer;
+    o.momentum = w.momentum;
     std::unique_ptr<Optimizer> opt = make_optimizer(o, *model);
     Trainer trainer(*model, *opt, tech.trainer_options(w.grad_clip));
     PeakMeter meter(device);
