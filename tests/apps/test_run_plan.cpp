@@ -1,5 +1,6 @@
 // --plan auto and --auto-fit through the planner, on tiny models on cpu:0: under a budget where
-// the plain run runs out of memory, the planned run trains at exactly the predicted peak and a
+// the plain run runs out of memory, the planned run trains at the predicted peak (up to the
+// loader's last prefetched batch) and a
 // resumed run keeps its plan; an --auto-fit run whose first plan runs out of memory switches to the
 // planner's next one and sees the same samples (its losses equal a run that used that plan from
 // the start); bad combinations and budgets too small for any plan get clear errors.
@@ -55,6 +56,14 @@ int64_t squeezed_budget(const PlanWorkload& w) {
   return (none + least) / 2;
 }
 
+// The plan counts the loader's two prefetched batches as live for the whole step; its thread may
+// not have allocated the last one yet at the step's peak (docs/PLAN.md, "Not yet"), so a run's peak
+// equals the plan's or falls short of it by at most that one batch.
+void check_peak(int64_t measured, int64_t predicted, int64_t batch_bytes) {
+  CHECK(measured <= predicted);
+  CHECK(measured >= predicted - batch_bytes);
+}
+
 // Every budget this process set, put back to none (tests share the process).
 struct NoLimits {
   ~NoLimits() { set_memory_limit(kCPU, 0); }
@@ -83,7 +92,8 @@ TEST_CASE("gpt train --plan auto: trains where the plain run cannot, at the pred
   CHECK(plan.at("combination") != "none");
   CHECK(plan.at("budget_bytes") == budget);
   CHECK(plan.at("predicted_peak_bytes").get<int64_t>() <= budget);
-  CHECK(first.memory.peak == plan.at("predicted_peak_bytes").get<int64_t>());  // exact on cpu
+  const int64_t batch_bytes = 2 * o.batch * o.model->context * 8;  // (B, T) i64 tokens and targets
+  check_peak(first.memory.peak, plan.at("predicted_peak_bytes").get<int64_t>(), batch_bytes);
   // The plan's techniques are the run's: config.json holds them, so --resume trains with them.
   const TechniqueOptions chosen = TechniqueOptions{}.from_config(config);
   CHECK(chosen.str() != "none");
@@ -93,7 +103,7 @@ TEST_CASE("gpt train --plan auto: trains where the plain run cannot, at the pred
   resume.progress = ProgressStyle::none;
   const GptTrainResult rest = gpt_train(resume);
   CHECK(rest.steps_done == 3);
-  CHECK(rest.memory.peak == plan.at("predicted_peak_bytes").get<int64_t>());
+  check_peak(rest.memory.peak, plan.at("predicted_peak_bytes").get<int64_t>(), batch_bytes);
   CHECK(rest.micro_batch == chosen.micro_batch);
 }
 
@@ -115,7 +125,7 @@ TEST_CASE("vision train --plan auto: the plan's peak is the run's", "[plan][apps
   const nlohmann::json plan = RunDir(r.run_dir).read_config().at("plan");
   INFO(plan.dump());
   CHECK(plan.at("combination") != "none");
-  CHECK(r.memory.peak == plan.at("predicted_peak_bytes").get<int64_t>());
+  check_peak(r.memory.peak, plan.at("predicted_peak_bytes").get<int64_t>(), o.batch * (3 * 8 * 8 * 4 + 8));
 }
 
 TEST_CASE("--auto-fit with the planner: the first plan runs out of memory, the run switches and sees the same samples", "[plan][apps]") {
