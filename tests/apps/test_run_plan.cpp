@@ -1,6 +1,6 @@
 // --plan auto and --auto-fit through the planner, on tiny models on cpu:0: under a budget where
 // the plain run runs out of memory, the planned run trains at the predicted peak (up to the
-// loader's last prefetched batch) and a
+// loader's prefetched batches) and a
 // resumed run keeps its plan; an --auto-fit run whose first plan runs out of memory switches to the
 // planner's next one and sees the same samples (its losses equal a run that used that plan from
 // the start); bad combinations and budgets too small for any plan get clear errors.
@@ -57,11 +57,11 @@ int64_t squeezed_budget(const PlanWorkload& w) {
 }
 
 // The plan counts the loader's two prefetched batches as live for the whole step; its thread may
-// not have allocated the last one yet at the step's peak (docs/PLAN.md, "Not yet"), so a run's peak
-// equals the plan's or falls short of it by at most that one batch.
+// not have allocated them yet at the step's peak (docs/PLAN.md, "Not yet"), so a run's peak equals
+// the plan's or falls short of it by at most those two batches.
 void check_peak(int64_t measured, int64_t predicted, int64_t batch_bytes) {
   CHECK(measured <= predicted);
-  CHECK(measured >= predicted - batch_bytes);
+  CHECK(measured >= predicted - 2 * batch_bytes);
 }
 
 // Every budget this process set, put back to none (tests share the process).
