@@ -13,6 +13,7 @@
 
 #include "apps/ddp_setup.h"
 #include "apps/run_dir.h"
+#include "apps/run_plan.h"
 #include "apps/run_setup.h"
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
@@ -206,7 +207,14 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     cfg = o.model ? *o.model : GPTConfig::named(o.config);
     cfg.validate();
     sched = o.schedule(o.steps);
-    config = make_config(o, cfg, prepare_data(run, o.data, data_note), sched);
+    if (!o.plan.empty()) {  // --plan: the techniques come from the planner
+      const RunPlan plan = plan_run(kCmd, o, run_workload(o, o.model ? "custom" : o.config, cfg, std::nullopt));
+      o.techniques = plan.techniques.with_process_settings(o.techniques);
+      config = make_config(o, cfg, prepare_data(run, o.data, data_note), sched);
+      config["plan"] = plan.to_json();
+    } else {
+      config = make_config(o, cfg, prepare_data(run, o.data, data_note), sched);
+    }
     run.write_config(config);
   }
   const int64_t T = cfg.context, B = o.batch;
@@ -218,6 +226,7 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
       file, TokenWindowOptions{.context = T, .region = train_region, .seed = derive_seed(o.seed, {kDataKey})});
   auto val_set = validation_windows(file, val_region, T, o.eval_windows);
 
+  const std::optional<Calibration> rates = planning_rates(o, device);  // before the budget: measuring allocates
   if (!o.parallel.active()) set_memory_limits(o.memory_limit, {device});  // else per device, once placed
   Generator init_gen(derive_seed(o.seed, {kInitKey}));
   GPT model(cfg, {.gen = &init_gen, .device = device});
@@ -263,6 +272,11 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     return Evaluation{r.last_val_loss, line};
   };
   task.checkpoint_due = [&](int64_t step) { return step % o.checkpoint_every == 0; };
+  task.set_checkpoint = [&](const CheckpointPolicy& c) { model.set_checkpoint(c); };
+  if (config.contains("plan")) task.notes.push_back("plan: " + config["plan"].value("summary", std::string("?")));
+  std::optional<AutoFit> auto_fit;
+  if (o.techniques.auto_fit && rates)
+    auto_fit.emplace(run_workload(o, config.value("model_name", "custom"), cfg, std::nullopt), device, *rates);
   task.pipeline_stages = [&](const Batch& b, const std::vector<int64_t>& stage_blocks, int64_t micro) {
     return gpt_pipeline_stages(model, stage_blocks, b.input, b.target, micro);
   };
@@ -274,7 +288,8 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   static_cast<TrainResult&>(r) = train_loop({.options = o, .device = device, .run = run, .model = model,
                                              .loader = loader, .schedule = sched, .total_steps = o.steps,
                                              .resuming = resuming, .dropout_seed = derive_seed(o.seed, {kDropoutKey}),
-                                             .parallel = parallel ? &*parallel : nullptr},
+                                             .parallel = parallel ? &*parallel : nullptr,
+                                             .auto_fit = auto_fit ? &*auto_fit : nullptr},
                                             task);
   r.tokens_per_s = r.items_per_s;
   return r;

@@ -80,7 +80,7 @@ Plan make_plan(const PlanOptions& o) {
   const std::vector<Combination> combos =
       parse_combinations(o.techniques.empty() ? default_candidates(p.workload.batch) : o.techniques, p.workload.batch,
                          p.device);
-  p.calibration = Calibration::of_this_machine();
+  p.calibration = o.calibration ? *o.calibration : Calibration::of_this_machine();
   const Device meta(DeviceType::meta, 0);
   const auto t0 = std::chrono::steady_clock::now();
   for (const Combination& c : combos) {
@@ -172,10 +172,7 @@ std::string Plan::table() const {
                   budget > 0 ? "the fastest estimate that fits the budget" : "the fastest estimate; no budget given");
     os << line;
   } else {
-    const PlanRow& s = least(rows, MemoryCategory::other);
-    os << "nothing fits " << format_bytes(budget) << ": the least a candidate needs is " << format_bytes(s.memory.peak)
-       << " (" << s.combination.name << ")\n  hint: bf16pure halves parameters and activations, --optimizer adamw8bit "
-       << "shrinks the optimizer state, ckpt-sqrt or more accumulation shrink activations\n";
+    os << nothing_fits() << "\n";
   }
   if (verified && recommended >= 0) {
     int fastest = -1;
@@ -190,6 +187,13 @@ std::string Plan::table() const {
     }
   }
   return os.str();
+}
+
+std::string Plan::nothing_fits() const {
+  const PlanRow& s = least(rows, MemoryCategory::other);
+  return "nothing fits " + format_bytes(budget) + ": the least a candidate needs is " + format_bytes(s.memory.peak) +
+         " (" + s.combination.name + ")\n  hint: bf16pure halves parameters and activations, --optimizer adamw8bit "
+         "shrinks the optimizer state, ckpt-sqrt or more accumulation shrink activations";
 }
 
 nlohmann::json Plan::to_json() const {

@@ -27,6 +27,7 @@ struct PlanOptions {
   std::optional<PlanWorkload> workload{};  // instead of model / batch (tiny models for tests)
   bool verify = false;              // also run every candidate on the device
   int64_t verify_steps = 3;         // steps per verified candidate (the first is warm-up)
+  std::optional<Calibration> calibration{};  // the time model's rates (default: this machine's, cached)
 };
 
 struct PlanRow {
@@ -53,6 +54,8 @@ struct Plan {
   double seconds = 0.0;        // wall-clock time the meta measurements took
 
   std::string table() const;
+  // "nothing fits <budget>: the least a candidate needs is ... (combination)" and what lowers it.
+  std::string nothing_fits() const;
   nlohmann::json to_json() const;
 };
 

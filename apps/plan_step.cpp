@@ -117,6 +117,12 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
   if (tech.offload_activations) empty_cache(*tech.offload_activations);
   StepMeasurement out;
   StepTimes times;
+  // The streams go back on every exit, an OutOfMemoryError under `memory_limit` included (the
+  // planner runs inside a training run's auto-fit retry, whose batch must draw the same dropout).
+  struct Rewind {
+    const StreamRecorder& s;
+    ~Rewind() { s.rewind(); }
+  } rewind{streams};
   {
     LimitGuard limit(device, memory_limit);
     std::shared_ptr<Module> model = build(w, device);
@@ -125,6 +131,7 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     else static_cast<MobileNetV2&>(*model).set_checkpoint(tech.checkpoint);
     TrainOptions o;
     o.optimizer = w.optimizer;
+    o.momentum = w.momentum;
     std::unique_ptr<Optimizer> opt = make_optimizer(o, *model);
     Trainer trainer(*model, *opt, tech.trainer_options(w.grad_clip));
     PeakMeter meter(device);
@@ -164,7 +171,6 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     out.memory = StepMemory::of(meter);
     out.ms_per_step = 1e3 * times.median();
   }
-  streams.rewind();
   return out;
 }
 

@@ -23,6 +23,7 @@ struct PlanWorkload {
   std::optional<MobileNetV2Config> mobilenet{};
   int64_t batch = 0;                             // examples per step (GPT: sequences of gpt->context tokens)
   OptimizerKind optimizer = OptimizerKind::adamw;
+  double momentum = 0.9;                         // SGD's (0: no state)
   double grad_clip = 0.0;                        // the command's default (GPT 1.0, vision 0)
   // Batches the data loader holds beyond the one in use (its prefetch queue): their input bytes
   // are live for the whole step.

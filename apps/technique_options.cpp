@@ -42,6 +42,13 @@ nlohmann::json TechniqueOptions::to_json() const {
           {"offload_activations", offload_activations ? offload_activations->str() : std::string()}};
 }
 
+TechniqueOptions TechniqueOptions::with_process_settings(const TechniqueOptions& process) const {
+  TechniqueOptions t = *this;
+  t.auto_fit = process.auto_fit;
+  t.profile = process.profile;
+  return t;
+}
+
 TechniqueOptions TechniqueOptions::from_config(const nlohmann::json& config) const {
   TechniqueOptions t;
   t.auto_fit = auto_fit;

@@ -34,6 +34,8 @@ struct TechniqueOptions {
   std::string str() const;
   // The run's settings (checkpoint, precision, micro_batch, offload_activations) for config.json.
   nlohmann::json to_json() const;
+  // These techniques with the process's own settings (auto_fit, profile) taken from `process`.
+  TechniqueOptions with_process_settings(const TechniqueOptions& process) const;
   // The run's techniques from config.json (missing: all off); auto_fit and profile come from `*this`.
   TechniqueOptions from_config(const nlohmann::json& config) const;
 };

@@ -33,6 +33,10 @@ inline std::vector<CLI::Option*> add_train_flags(CLI::App* cmd, TrainOptions& t,
       cmd->add_option("--seed", t.seed, "seed of weights, data order and dropout")->capture_default_str(),
       cmd->add_option("--checkpoint-every", t.checkpoint_every, "steps between checkpoints")->capture_default_str(),
       cmd->add_option("--out", t.out, "run directory (default: " + default_out + ")"),
+      cmd->add_option("--plan", t.plan,
+                      "auto: train with the fastest combination of techniques that `memgrad plan` predicts to fit "
+                      "--memory-limit (or a list of candidates in memgrad bench's syntax, e.g. ckpt,bf16+accum4); "
+                      "prints it and records it in config.json"),
   };
   cmd->add_option("--resume", t.resume, "continue the run in this directory from its checkpoint");
   cmd->add_option("--device", t.device, "device, e.g. cpu:0")->capture_default_str();

@@ -15,6 +15,7 @@
 #include "apps/device_peaks_file.h"
 #include "apps/interrupt_guard.h"
 #include "apps/prune_run.h"
+#include "apps/run_plan.h"
 #include "apps/run_setup.h"
 #include "core/allocator.h"
 #include "core/error.h"
@@ -110,7 +111,39 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   std::unique_ptr<Optimizer> opt = make_optimizer(o, setup.model, ddp.get());
   TrainerOptions trainer_options = o.techniques.trainer_options(o.grad_clip);
   trainer_options.sync = ddp.get();
+  // The run's techniques: the flags' (or --plan's), until --auto-fit's planner switches them.
+  TechniqueOptions techniques = o.techniques;
+  bool switched = false;  // a checkpoint then records the switched techniques
+  std::vector<std::string> switch_notes;
+  auto switch_to = [&](Trainer& t, const TechniqueOptions& next) {
+    MG_INTERNAL_ASSERT(bool(task.set_checkpoint), task.command, ": the task cannot switch checkpoint policies");
+    task.set_checkpoint(next.checkpoint);
+    t.set_techniques(next.precision, next.offload_activations, next.micro_batch);
+    techniques.checkpoint = next.checkpoint;
+    techniques.precision = next.precision;
+    techniques.offload_activations = next.offload_activations;
+    techniques.micro_batch = next.micro_batch;
+    switched = true;
+  };
+  if (setup.auto_fit)
+    trainer_options.refit = [&](Trainer& t, const OutOfMemoryError&, int64_t micro) {
+      const std::optional<RunPlan> next = setup.auto_fit->next(techniques, micro);
+      if (!next) return false;  // the Trainer halves the micro-batch
+      switch_to(t, next->techniques);
+      switch_notes.push_back(next->str());
+      return true;
+    };
   Trainer trainer(setup.model, *opt, trainer_options);
+  // The Trainer's state, and the techniques when auto-fit switched them (a resumed run restores them).
+  auto trainer_state = [&] {
+    nlohmann::json j = trainer.state();
+    if (switched) {
+      TechniqueOptions now = techniques;
+      now.micro_batch = trainer.micro_batch();
+      j["techniques"] = now.to_json();
+    }
+    return j;
+  };
 
   TrainingState state;
   if (setup.resuming) {
@@ -119,6 +152,8 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
              "' has no dropout generator state");
     state.generators.at("dropout").restore(dropout_generator());
     loader.set_position(state.position);
+    if (state.trainer.contains("techniques"))  // auto-fit had switched plans before this checkpoint
+      switch_to(trainer, o.techniques.from_config({{"techniques", state.trainer["techniques"]}}));
     if (!state.trainer.empty()) trainer.load_state(state.trainer);
   } else {
     dropout_generator().manual_seed(setup.dropout_seed);
@@ -140,7 +175,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
   if (setup.parallel)
     for (const std::string& line : setup.parallel->notes) progress.note(line);
   progress.note(task.command + ": " + task.header + ", " + optimizer_kind_name(o.optimizer) + " " + sched.str() +
-                ", techniques: " + o.techniques.str() + ", on " + (setup.parallel ? o.parallel.str() : setup.device.str()) +
+                ", techniques: " + techniques.str() + ", on " + (setup.parallel ? o.parallel.str() : setup.device.str()) +
                 (setup.resuming ? ", resuming at step " + std::to_string(state.step) : "") + " -> " + run.path());
   if (ddp) progress.note(task.command + ": " + ddp->str());
 
@@ -164,7 +199,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
     save_run_checkpoint(run, setup.model, *opt, ddp.get(),  // --ddp: rank 0 writes
                         {.step = step, .position = loader.position(),
                          .generators = {{"dropout", GeneratorState::of(dropout_generator())}},
-                         .elapsed_s = elapsed(), .peak_bytes = run_peak(), .trainer = trainer.state()});
+                         .elapsed_s = elapsed(), .peak_bytes = run_peak(), .trainer = trainer_state()});
   };
   setup.model.train();
   InterruptGuard interrupt;
@@ -206,9 +241,13 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
     }
     r.offloaded_bytes = std::max(r.offloaded_bytes, rep.offloaded_bytes);
     if (ddp) comm_times.add(ddp->comm_seconds()), exposed_times.add(ddp->exposed_comm_seconds());
-    if (rep.retries > 0)
+    for (const std::string& plan : switch_notes)
+      progress.note("auto-fit: step " + std::to_string(step + 1) + " ran out of memory; switched to " + plan +
+                    " and retried the same batch");
+    if (rep.retries > int64_t(switch_notes.size()))
       progress.note("auto-fit: step " + std::to_string(step + 1) + " ran out of memory; retried with micro-batch " +
                     std::to_string(rep.micro_batch) + " (" + std::to_string(rep.micro_steps) + " micro-steps)");
+    switch_notes.clear();
     std::vector<int64_t> device_step_peaks;
     for (PeakMeter& m : meters) device_step_peaks.push_back(m.end_step());
     const int64_t step_peak = *std::max_element(device_step_peaks.begin(), device_step_peaks.end());

@@ -50,6 +50,9 @@ struct TrainOptions {
   uint64_t seed = 1;                // weights, data order and dropout all derive from it
   std::string device = "cpu:0";
   std::string memory_limit{};       // device budget, e.g. "512MiB"
+  // --plan: "auto" (memgrad plan's candidates) or a list in bench's syntax: the run's techniques are
+  // the fastest plan predicted to fit memory_limit (apps/run_plan.h); "": the technique flags'.
+  std::string plan{};
   std::string out{};                // run directory of a new run ("" = runs/<name>-<date>-<time>)
   std::string resume{};             // run directory to continue (its config.json decides the rest)
   int64_t checkpoint_every = 0;     // steps between checkpoints; 0: the command's default points
@@ -72,6 +75,7 @@ struct TrainOptions {
 };
 
 class DistributedDataParallel;
+class AutoFit;
 // The optimizer `o` asks for over `model`'s parameters (no weight decay on rank < 2); under ZeRO
 // over this rank's shards of them (`ddp`).
 std::unique_ptr<Optimizer> make_optimizer(const TrainOptions& o, Module& model, const DistributedDataParallel* ddp = nullptr);
@@ -128,6 +132,9 @@ struct TrainingTask {
   // --pipeline: the model's stages over micro-batches of `micro` examples of the batch
   // (parallel/pipeline.h), run by the placement's schedule.
   std::function<PipelineStages(const Batch&, const std::vector<int64_t>& stage_blocks, int64_t micro)> pipeline_stages{};
+  // Sets the model's checkpoint policy: for a run that switches plans (--auto-fit with a planner,
+  // or resuming after it switched).
+  std::function<void(const CheckpointPolicy&)> set_checkpoint{};
 };
 
 // Where the loop runs: the command's model (on `device`, precision and checkpointing applied),
@@ -143,6 +150,9 @@ struct TrainingSetup {
   bool resuming = false;
   uint64_t dropout_seed = 0;  // where a new run's dropout stream starts (a resumed run restores it)
   const ModelParallelRun* parallel = nullptr;  // the model's placement over devices (place_model)
+  // --auto-fit's planner (apps/run_plan.h): on out-of-memory the run switches to its next plan;
+  // null: auto-fit only halves the micro-batch.
+  const AutoFit* auto_fit = nullptr;
 };
 
 // Trains from the run's checkpoint (or from the start) to total_steps, or until interrupted.

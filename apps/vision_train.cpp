@@ -12,6 +12,7 @@
 #include "apps/ddp_setup.h"
 #include "apps/quantize.h"
 #include "apps/run_dir.h"
+#include "apps/run_plan.h"
 #include "apps/run_setup.h"
 #include "autograd/autocast.h"
 #include "autograd/engine.h"
@@ -261,11 +262,17 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
                         {"limit_train", o.limit_train}, {"limit_test", o.limit_test},
                         {"train_examples", data.train->size()}, {"test_examples", data.test->size()}}},
               {"epochs", o.epochs}, {"steps_per_epoch", per_epoch}};
+    if (!o.plan.empty()) {  // --plan: the techniques come from the planner
+      const RunPlan plan = plan_run(kCmd, o, run_workload(o, o.config ? "custom" : o.model, std::nullopt, cfg));
+      o.techniques = plan.techniques.with_process_settings(o.techniques);
+      config["plan"] = plan.to_json();
+    }
     config.update(o.to_config(sched));
     run.write_config(config);
   }
   const int64_t total_steps = o.epochs * per_epoch;
 
+  const std::optional<Calibration> rates = planning_rates(o, device);  // before the budget: measuring allocates
   if (!o.parallel.active()) set_memory_limits(o.memory_limit, {device});  // else per device, once placed
   Generator init_gen(derive_seed(o.seed, {kInitKey}));
   MobileNetV2 model(cfg, {.gen = &init_gen, .device = device});
@@ -313,6 +320,11 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   task.checkpoint_due = [&](int64_t step) {
     return o.checkpoint_every > 0 ? step % o.checkpoint_every == 0 : step % per_epoch == 0;
   };
+  task.set_checkpoint = [&](const CheckpointPolicy& c) { model.set_checkpoint(c); };
+  if (config.contains("plan")) task.notes.push_back("plan: " + config["plan"].value("summary", std::string("?")));
+  std::optional<AutoFit> auto_fit;
+  if (o.techniques.auto_fit && rates)
+    auto_fit.emplace(run_workload(o, config.value("model_name", "custom"), std::nullopt, cfg), device, *rates);
   task.progress_extra = [&](int64_t step, double lr) {
     char extra[64];
     std::snprintf(extra, sizeof(extra), "epoch %lld/%lld  lr %.2e", (long long)((step - 1) / per_epoch + 1),
@@ -322,7 +334,8 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   static_cast<TrainResult&>(r) = train_loop({.options = o, .device = device, .run = run, .model = model,
                                              .loader = loader, .schedule = sched, .total_steps = total_steps,
                                              .resuming = resuming, .dropout_seed = derive_seed(o.seed, {kDropoutKey}),
-                                             .parallel = parallel ? &*parallel : nullptr},
+                                             .parallel = parallel ? &*parallel : nullptr,
+                                             .auto_fit = auto_fit ? &*auto_fit : nullptr},
                                             task);
   r.images_per_s = r.items_per_s;
   return r;

@@ -128,13 +128,17 @@ StepReport Trainer::step(int64_t batch_size, const MicroLoss& micro_loss, const 
         for (size_t i = 0; i < now.size(); ++i) copy_(now[i].second, buffers[i].second);
       }
       streams.rewind();
+      r.retries += 1;
+      if (opt_.refit && opt_.refit(*this, e, m)) {  // the planner's next plan (set_techniques)
+        m = micro_ > 0 ? std::min(micro_, batch_size) : batch_size;
+        continue;
+      }
       if (m == 1)
         throw OutOfMemoryError(detail::str_cat("auto-fit: even a micro-batch of 1 example does not fit in the memory budget; what the "
                      "failed attempt saw:\n", e.what(),
                      "\n  hint: lower the model's memory (activation checkpointing, bf16-pure parameters) or raise the "
                      "memory budget"));
       m = (m + 1) / 2;
-      r.retries += 1;
     }
   }
   micro_ = m < batch_size || micro_ > 0 ? m : 0;
@@ -198,6 +202,17 @@ void Trainer::update(StepReport& r) {
   }
   optimizer_.zero_grad();
   if (opt_.sync) opt_.sync->after_step();
+}
+
+void Trainer::set_techniques(Precision precision, std::optional<Device> offload, int64_t micro_batch) {
+  MG_CHECK(micro_batch >= 0, "Trainer.set_techniques: micro_batch must be >= 0, got ", micro_batch);
+  auto fixed = [](Precision p) { return p == Precision::fp16 || p == Precision::bf16_pure; };
+  MG_CHECK(precision == opt_.precision || (!fixed(precision) && !fixed(opt_.precision)),
+           "Trainer.set_techniques: cannot switch from ", precision_name(opt_.precision), " to ",
+           precision_name(precision), " during a run (fp16 has a loss scaler, bf16-pure bf16 parameters)");
+  opt_.precision = precision;
+  opt_.offload_activations = offload;
+  micro_ = micro_batch;
 }
 
 nlohmann::json Trainer::state() const {

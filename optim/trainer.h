@@ -4,7 +4,8 @@
 // fp16, the latter with a GradScaler), with saved activations offloaded to another device if
 // asked, then one clipped optimizer step and the gradients dropped. With auto_fit, a step that
 // runs out of memory is undone (gradients dropped, batch-norm buffers and random streams put
-// back) and retried on the same batch with half the micro-batch; no example is skipped.
+// back) and retried on the same batch with half the micro-batch, or with whatever `refit` (the
+// planner, apps/auto_fit.h) switches to; no example is skipped.
 // Model-specific parts (checkpoint policy, dtype of bf16-pure parameters) are set on the model.
 #pragma once
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/device.h"
+#include "core/error.h"
 #include "models/nn/module.h"
 #include "optim/grad_scaler.h"
 #include "optim/gradient_sync.h"
@@ -24,6 +26,8 @@
 #include "optim/precision.h"
 
 namespace mg {
+
+class Trainer;
 
 struct TrainerOptions {
   int64_t micro_batch = 0;     // examples per forward/backward; 0: the whole batch
@@ -35,6 +39,10 @@ struct TrainerOptions {
   // Data parallelism (parallel/ddp.h): gradients summed over ranks; not owned. fp16 loss scaling
   // and auto_fit are refused with it (ranks would decide differently and diverge).
   GradientSync* sync = nullptr;
+  // auto_fit's next move after an attempt with micro-batch `micro` ran out of memory and was undone:
+  // it may switch the model's checkpointing and this Trainer's precision, offload and micro-batch
+  // (set_techniques) and return true to retry with them, or return false to halve the micro-batch.
+  std::function<bool(Trainer& trainer, const OutOfMemoryError& error, int64_t micro)> refit{};
 };
 
 struct StepReport {
@@ -81,6 +89,10 @@ class Trainer {
   // The micro-batch the next step starts with (auto_fit lowers it and keeps it lowered).
   int64_t micro_batch() const { return micro_; }
   GradScaler* scaler() { return scaler_.get(); }
+  // Switches the next attempts to this precision (autocast only: fp32 <-> bf16 <-> fp16 without
+  // the loss scaler; a parameter dtype change such as bf16-pure is the model's), offload target
+  // and micro-batch (0: whole batch). For refit and for a resumed run that had switched.
+  void set_techniques(Precision precision, std::optional<Device> offload, int64_t micro_batch);
   // {"micro_batch", "scaler"}: what a checkpoint keeps so a resumed run steps alike.
   nlohmann::json state() const;
   void load_state(const nlohmann::json& j);

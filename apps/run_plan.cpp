@@ -1,0 +1,157 @@
+// --plan and --auto-fit's planner for training runs (see run_plan.h).
+#include "apps/run_plan.h"
+
+#include <cstdio>
+
+#include "apps/plan.h"
+#include "core/allocator.h"
+#include "core/error.h"
+
+namespace mg {
+
+namespace {
+
+RunPlan plan_of(const Plan& p, const PlanRow& row) {
+  RunPlan r{.combination = row.combination.name, .techniques = row.combination.techniques,
+            .peak_bytes = row.memory.peak, .ms_per_step = row.estimated_ms, .budget = p.budget,
+            .candidates = int64_t(p.rows.size()), .fitting = 0};
+  for (const PlanRow& x : p.rows) r.fitting += x.fits;
+  return r;
+}
+
+}  // namespace
+
+std::string RunPlan::str() const {
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "%s: predicted peak %s of %s, %.1f ms/step (the fastest estimate of the %lld of %lld candidates that fit)",
+                combination.c_str(), format_bytes(peak_bytes).c_str(), format_bytes(budget).c_str(), ms_per_step,
+                (long long)fitting, (long long)candidates);
+  return line;
+}
+
+nlohmann::json RunPlan::to_json() const {
+  return {{"combination", combination}, {"predicted_peak_bytes", peak_bytes}, {"predicted_ms_per_step", ms_per_step},
+          {"budget_bytes", budget},     {"candidates", candidates},         {"fitting", fitting},
+          {"summary", str()}};
+}
+
+PlanWorkload run_workload(const TrainOptions& o, const std::string& name, const std::optional<GPTConfig>& gpt,
+                          const std::optional<MobileNetV2Config>& mobilenet) {
+  PlanWorkload w;
+  w.name = name;
+  w.gpt = gpt;
+  w.mobilenet = mobilenet;
+  w.batch = o.batch;
+  w.optimizer = o.optimizer;
+  w.momentum = o.momentum;
+  w.grad_clip = o.grad_clip;
+  w.prefetch = 2;  // gpt train's and vision train's loaders
+  return w;
+}
+
+RunPlan plan_run(const std::string& cmd, const TrainOptions& o, const PlanWorkload& w) {
+  const TechniqueOptions& t = o.techniques;
+  MG_CHECK(!t.checkpoint.enabled() && t.precision == Precision::fp32 && t.micro_batch == 0 && !t.offload_activations,
+           cmd, ": --plan ", o.plan, " chooses checkpointing, precision, micro-batch and offload itself, so it does not "
+           "combine with --checkpoint, --precision, --micro-batch or --offload-activations (got ", t.str(), ")",
+           "\n  hint: drop those flags, or list the combinations you accept: --plan ckpt,bf16+accum4 (memgrad bench's "
+           "syntax)");
+  MG_CHECK(!o.parallel.active() && !o.data_parallel.enabled, cmd, ": --plan does not plan split (--split, "
+           "--placement) or data-parallel (--ddp) runs; choose their techniques by hand");
+  const Device device(o.device);
+  int64_t budget = 0;
+  for (const auto& [d, bytes] : parse_memory_limits(o.memory_limit, {device}))
+    if (d == device) budget = bytes;
+  MG_CHECK(budget > 0, cmd, ": --plan ", o.plan, " needs --memory-limit: the budget the plan must fit",
+           "\n  hint: `memgrad plan --model M --batch B` prints every candidate's memory without a budget");
+  PlanOptions po;
+  po.workload = w;
+  po.device = device.str();
+  po.memory_limit = std::to_string(budget);
+  po.techniques = o.plan == "auto" ? std::string() : o.plan;
+  po.optimizer = optimizer_kind_name(o.optimizer);
+  Plan p;
+  try {
+    p = make_plan(po);
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error& e) {  // a budget below the parameters, a bad candidate list, a cuda device
+    MG_THROW(cmd, ": --plan ", o.plan, ": ", e.what());
+  }
+  MG_CHECK(p.recommended >= 0, cmd, ": --plan ", o.plan, ": ", p.nothing_fits());
+  return plan_of(p, p.rows[size_t(p.recommended)]);
+}
+
+std::optional<Calibration> planning_rates(const TrainOptions& o, const Device& device) {
+  if ((o.plan.empty() && !o.techniques.auto_fit) || !device.is_cpu() || o.parallel.active() || o.data_parallel.enabled)
+    return std::nullopt;
+  Calibration c = Calibration::of_this_machine();
+  if (!c.cached) empty_cache(kCPU);  // the measurement's blocks: not the run's
+  return c;
+}
+
+AutoFit::AutoFit(PlanWorkload workload, Device device, Calibration rates)
+    : workload_(std::move(workload)), device_(device), rates_(std::move(rates)) {}
+
+std::string AutoFit::candidates(Precision precision) const {
+  std::vector<std::string> precisions;
+  switch (precision) {
+    case Precision::fp32: precisions = {"", "bf16"}; break;
+    case Precision::bf16: precisions = {"bf16"}; break;
+    case Precision::fp16: precisions = {"fp16"}; break;
+    case Precision::bf16_pure: precisions = {"bf16pure"}; break;
+  }
+  std::vector<std::string> accums{""};
+  for (int64_t n = 2; n <= workload_.batch; n *= 2)
+    if (workload_.batch % n == 0) accums.push_back("accum" + std::to_string(n));
+  std::string list;
+  for (const char* ckpt : {"", "ckpt", "ckpt-sqrt", "selective"})
+    for (const std::string& prec : precisions)
+      for (const std::string& acc : accums)
+        for (const char* off : {"", "offload"}) {
+          std::string name;
+          for (const std::string& part : {std::string(ckpt), prec, acc, std::string(off)})
+            if (!part.empty()) name += (name.empty() ? "" : "+") + part;
+          list += (list.empty() ? "" : ",") + (name.empty() ? std::string("none") : name);
+        }
+  return list;
+}
+
+std::optional<RunPlan> AutoFit::next(const TechniqueOptions& current, int64_t micro) const {
+  const int64_t budget = int64_t(memory_limit(device_));
+  if (budget <= 0) return std::nullopt;  // the device itself ran out: nothing to plan against
+  // The current plan as the planner sees it (the Trainer's own auto-fit snapshot aside).
+  TechniqueOptions now = current;
+  now.auto_fit = false;
+  now.profile = false;
+  now.micro_batch = micro < workload_.batch ? micro : 0;
+  const Device meta(DeviceType::meta, 0);
+  const int64_t now_peak = measure_step(workload_, now, meta).memory.peak;
+  PlanOptions po;
+  po.workload = workload_;
+  po.device = device_.str();
+  po.memory_limit = std::to_string(budget);
+  po.techniques = candidates(current.precision);
+  po.optimizer = optimizer_kind_name(workload_.optimizer);
+  po.calibration = rates_;
+  Plan p;
+  try {
+    p = make_plan(po);
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error&) {  // a budget below the parameters alone: no plan fits
+    return std::nullopt;
+  }
+  // Only a lower predicted peak than the plan that just failed is progress (and ends the search).
+  const PlanRow* best = nullptr;
+  for (const PlanRow& r : p.rows)
+    if (r.fits && r.memory.peak < now_peak && (!best || r.estimated_ms < best->estimated_ms)) best = &r;
+  if (!best) return std::nullopt;
+  RunPlan r = plan_of(p, *best);
+  r.techniques.auto_fit = current.auto_fit;
+  r.techniques.profile = current.profile;
+  return r;
+}
+
+}  // namespace mg
