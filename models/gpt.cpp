@@ -325,4 +325,15 @@ void GPT::set_checkpoint(CheckpointPolicy policy) {
   for (size_t l = 0; l < h->size(); ++l) h->at<Block>(l)->attn->recompute_core = policy.kind == CheckpointPolicy::Kind::selective;
 }
 
+void for_each_block_linear(GPT& model,
+                           const std::function<void(Module& parent, const char* name, std::shared_ptr<Linear>& member)>& f) {
+  for (size_t i = 0; i < model.h->size(); ++i) {
+    auto block = model.h->at<Block>(i);
+    f(*block->attn, "c_attn", block->attn->c_attn);
+    f(*block->attn, "c_proj", block->attn->c_proj);
+    f(*block->mlp, "c_fc", block->mlp->c_fc);
+    f(*block->mlp, "c_proj", block->mlp->c_proj);
+  }
+}
+
 }  // namespace mg

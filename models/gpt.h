@@ -6,6 +6,7 @@
 // Shapes: B batch, T time, C d_model, NH heads, HS head size (C / NH), V vocab, Vp padded vocab.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -165,5 +166,11 @@ class GPT : public Module {
   GPTConfig cfg_;
   CheckpointPolicy checkpoint_;
 };
+
+// Calls f(parent, name, member) for the four Linears of every block (attn.c_attn, attn.c_proj,
+// mlp.c_fc, mlp.c_proj), in order: what the compression passes replace by int8 or sparse layers
+// (assign the new layer to member and call parent.replace_child(name, member)).
+void for_each_block_linear(GPT& model,
+                           const std::function<void(Module& parent, const char* name, std::shared_ptr<Linear>& member)>& f);
 
 }  // namespace mg

@@ -168,13 +168,7 @@ int64_t quantize_gpt_weight_only(GPT& model) {
     parent.replace_child(name, member);
     ++n;
   };
-  for (size_t i = 0; i < model.h->size(); ++i) {
-    auto block = model.h->at<Block>(i);
-    swap(*block->attn, "c_attn", block->attn->c_attn);
-    swap(*block->attn, "c_proj", block->attn->c_proj);
-    swap(*block->mlp, "c_fc", block->mlp->c_fc);
-    swap(*block->mlp, "c_proj", block->mlp->c_proj);
-  }
+  for_each_block_linear(model, swap);
   return n;
 }
 

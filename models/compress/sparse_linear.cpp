@@ -55,13 +55,7 @@ SparsifyCounts sparsify_gpt(GPT& model, double min_sparsity) {
     parent.replace_child(name, member);
     ++c.sparse;
   };
-  for (size_t i = 0; i < model.h->size(); ++i) {
-    auto block = model.h->at<Block>(i);
-    swap(*block->attn, "c_attn", block->attn->c_attn);
-    swap(*block->attn, "c_proj", block->attn->c_proj);
-    swap(*block->mlp, "c_fc", block->mlp->c_fc);
-    swap(*block->mlp, "c_proj", block->mlp->c_proj);
-  }
+  for_each_block_linear(model, swap);
   return c;
 }
 

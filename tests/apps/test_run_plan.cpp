@@ -128,7 +128,7 @@ TEST_CASE("vision train --plan auto: the plan's peak is the run's", "[plan][apps
   check_peak(r.memory.peak, plan.at("predicted_peak_bytes").get<int64_t>(), o.batch * (3 * 8 * 8 * 4 + 8));
 }
 
-TEST_CASE("--auto-fit with the planner: the first plan runs out of memory, the run switches and sees the same samples", "[plan][apps]") {
+TEST_CASE("auto-fit with the planner: the first plan runs out of memory, the run switches and sees the same samples", "[plan][apps]") {
   use_test_cache();
   NoLimits no_limits;
   DataTempDir tmp("run_plan");
@@ -152,7 +152,7 @@ TEST_CASE("--auto-fit with the planner: the first plan runs out of memory, the r
   CHECK(metrics_column(fit.run_dir, "loss") == metrics_column(ref.run_dir, "loss"));
 }
 
-TEST_CASE("--plan: bad combinations and budgets too small for any plan are clear errors", "[plan][apps]") {
+TEST_CASE("plan auto: bad combinations and budgets too small for any plan are clear errors", "[plan][apps]") {
   use_test_cache();
   NoLimits no_limits;
   DataTempDir tmp("run_plan");
