@@ -21,6 +21,7 @@
 #include "optim/clip_grad.h"
 #include "optim/sgd.h"
 #include "ops/ops.h"
+#include "cuda_skip.h"
 #ifdef MG_WITH_CUDA
 #include "ops/cuda/launchers.h"
 #endif
@@ -30,22 +31,6 @@ using Catch::Matchers::Contains;
 
 namespace {
 
-// Why the CUDA half cannot run here ("" when it can).
-std::string skip_reason() {
-  const char* dev = std::getenv("MG_TEST_DEVICE");
-  if (cuda::device_count() == 0) return "no CUDA device (" + cuda::device_count_error() + ")";
-  if (!dev || std::string(dev) != "cuda") return "MG_TEST_DEVICE is not 'cuda'";
-  return "";
-}
-
-#define MG_REQUIRE_CUDA()                              \
-  do {                                                 \
-    const std::string why_ = skip_reason();            \
-    if (!why_.empty()) {                               \
-      WARN("skipped: " << why_);                       \
-      return;                                          \
-    }                                                  \
-  } while (0)
 
 const Device kGPU(DeviceType::cuda, 0);
 

@@ -16,28 +16,13 @@
 #include "parallel/pipeline.h"
 #include "parallel/split.h"
 #include "parallel_test_util.h"
+#include "cuda_skip.h"
 
 using namespace mg;
 using Catch::Matchers::Contains;
 
 namespace {
 
-// Why the GPU cases cannot run here ("" when they can), as in tests/ops/test_cuda_agreement.cpp.
-std::string skip_reason() {
-  const char* dev = std::getenv("MG_TEST_DEVICE");
-  if (cuda::device_count() == 0) return "no CUDA device (" + cuda::device_count_error() + ")";
-  if (!dev || std::string(dev) != "cuda") return "MG_TEST_DEVICE is not 'cuda'";
-  return "";
-}
-
-#define MG_REQUIRE_CUDA()                   \
-  do {                                      \
-    const std::string why_ = skip_reason(); \
-    if (!why_.empty()) {                    \
-      WARN("skipped: " << why_);            \
-      return;                               \
-    }                                       \
-  } while (0)
 
 const Device kGPU("cuda:0");
 

@@ -12,6 +12,7 @@
 #include "optim/trainer.h"
 #include "parallel/ddp.h"
 #include "parallel/nccl_comm.h"
+#include "cuda_skip.h"
 #include "test_helpers.h"
 
 using namespace mg;
@@ -20,20 +21,10 @@ namespace {
 
 std::string nccl_skip_reason() {
   if (!nccl_is_built()) return "this build has no NCCL";
-  if (cuda::device_count() == 0) return "no CUDA device (" + cuda::device_count_error() + ")";
-  const char* dev = std::getenv("MG_TEST_DEVICE");
-  if (!dev || std::string(dev) != "cuda") return "MG_TEST_DEVICE is not 'cuda'";
-  return "";
+  return test::cuda_skip_reason();
 }
 
-#define MG_REQUIRE_NCCL()                  \
-  do {                                     \
-    const std::string why_ = nccl_skip_reason(); \
-    if (!why_.empty()) {                   \
-      WARN("skipped: " << why_);           \
-      return;                              \
-    }                                      \
-  } while (0)
+#define MG_REQUIRE_NCCL() MG_SKIP_UNLESS(nccl_skip_reason())
 
 const Device kGPU(DeviceType::cuda, 0);
 
