@@ -64,7 +64,8 @@ uint64_t header_bytes(const std::string& file) {
 bool same_tensors(const NamedTensors& a, const NamedTensors& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
-    const auto& [na, ta] = a[i];
+    const std::string& na = a[i].first;  // not a structured binding: clang 14 cannot capture one
+    const Tensor& ta = a[i].second;
     auto it = std::find_if(b.begin(), b.end(), [&](const auto& e) { return e.first == na; });
     if (it == b.end() || it->second.dtype() != ta.dtype() || it->second.shape() != ta.shape()) return false;
     if (ta.nbytes() && std::memcmp(ta.data_ptr(), it->second.data_ptr(), ta.nbytes()) != 0)
