@@ -1,6 +1,6 @@
 // The depthwise conv2d's channel-vectorised kernels (ops/conv2d_depthwise_lanes.cpp) at 16 lanes
-// (AVX-512), 8 lanes (AVX2) and 1 lane (scalar) against the plane-by-plane reference: output, dx
-// and dW bit for bit, over stride 1 and 2, padding 0..2, odd plane sizes (W not a multiple of the
+// (AVX-512), 8 lanes (AVX2) and 1 lane (scalar) against the plane-by-plane reference: output and
+// dx bit for bit (and dW, which stays on the reference whatever the choice), over stride 1 and 2, padding 0..2, odd plane sizes (W not a multiple of the
 // lanes, 1x1 planes), channel counts that leave a partial block, 3x3 and 5x5 kernels, and bias.
 #include <catch2/catch.hpp>
 #include <cmath>
