@@ -4,6 +4,9 @@
 // and the whole block (expand -> depthwise -> project) forward + backward. Reports ms per call
 // and GFLOP/s, counting 2 * N * Cout * OH * OW * Cin/groups * KH * KW per forward and twice
 // that for the backward (dx and dW), as cuDNN and PyTorch's profiler do.
+// BM_DepthwiseSmall: the 3x3 depthwise convs of mobilenetv2-32 at batch 64 (16x16 x 192,
+// 8x8 x 576, 4x4 x 960 channels, stride 1), each under the plane-by-plane reference kernel and
+// under the channel-vectorised one (ops/conv2d_depthwise.h), so one run gives before and after.
 // Run: OMP_NUM_THREADS=2 build/<dir>/bench/bench_conv --benchmark_min_time=0.5
 #include <benchmark/benchmark.h>
 
@@ -13,6 +16,7 @@
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
 #include "core/tensor.h"
+#include "ops/conv2d_depthwise.h"
 #include "ops/ops.h"
 
 namespace {
@@ -101,12 +105,44 @@ void BM_BlockForwardBackward(benchmark::State& state) {
   set_counters(state, 3.0 * (kExpand.flops() + kDepthwise.flops() + kProject.flops()));
 }
 
+// Args: plane side (16, 8 or 4), pass, kernel (0 reference, 1 channel lanes).
+void BM_DepthwiseSmall(benchmark::State& state) {
+  const int64_t side = state.range(0), n = 64, c = side == 16 ? 192 : side == 8 ? 576 : 960;
+  const Pass pass = Pass(state.range(1));
+  mg::detail::set_depthwise_kernel(state.range(2) ? mg::detail::DepthwiseKernel::automatic
+                                                  : mg::detail::DepthwiseKernel::reference);
+  mg::Tensor x = filled({n, c, side, side}, 1.0, 0.37), w = filled({c, 1, 3, 3}, 0.3, 0.23);
+  mg::Tensor dout = filled({n, c, side, side}, 1.0, 0.71);
+  const double flops = 2.0 * double(n * c * side * side) * 9.0;
+  if (pass == Pass::forward) {
+    mg::NoGradGuard no_grad;
+    for (auto _ : state) benchmark::DoNotOptimize(mg::conv2d(x, w, mg::Tensor(), {1, 1, c}).data_ptr());
+    set_counters(state, flops);
+  } else {
+    x.set_requires_grad(true);
+    w.set_requires_grad(true);
+    for (auto _ : state) {
+      x.set_grad(mg::Tensor());
+      w.set_grad(mg::Tensor());
+      mg::backward(mg::conv2d(x, w, mg::Tensor(), {1, 1, c}), dout);
+      benchmark::DoNotOptimize(w.grad().data_ptr());
+    }
+    set_counters(state, 3.0 * flops);
+  }
+  mg::detail::set_depthwise_kernel(mg::detail::DepthwiseKernel::automatic);
+}
+
 }  // namespace
 
 // Arg 0: forward only (no_grad); 1: forward + backward.
 BENCHMARK(BM_ConvExpand1x1)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ConvDepthwise3x3)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ConvProject1x1)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DepthwiseSmall)
+    ->ArgsProduct({{16, 8, 4}, {0, 1}, {0, 1}})
+    ->ArgNames({"side", "backward", "lanes"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 BENCHMARK(BM_BlockForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

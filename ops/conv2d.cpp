@@ -17,6 +17,7 @@
 #include "core/parallel.h"
 #include "core/flop_counter.h"
 #include "ops/autocast_policy.h"
+#include "ops/conv2d_depthwise.h"
 #include "ops/cpu_gemm.h"
 #include "ops/cuda/launchers.h"
 #include "ops/f32_staging.h"
@@ -24,14 +25,6 @@
 #include "ops/ops.h"
 
 namespace mg {
-namespace detail {
-// Direct depthwise kernels (conv2d_depthwise.cpp); only this file calls them. They allocate
-// their workspace on every device (meta included) and compute only on cpu.
-void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
-                              int64_t stride, int64_t padding);
-void depthwise_conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dout, const Tensor& dx,
-                               const Tensor& dw, int64_t stride, int64_t padding);
-}  // namespace detail
 
 namespace {
 

@@ -5,24 +5,19 @@
 // Determinism: each output plane, each dx plane and each channel of dW is computed by one thread
 // in a fixed order, and dW sums the images n = 0, 1, ... in that order.
 // f16/bf16: groups of images are staged in f32 workspace (ops/f32_staging.h), computed, and
-// rounded on store.
+// rounded on store. These plane kernels are the reference; f32 convolutions whose planes fit the
+// channel tiles run ops/conv2d_depthwise_lanes.cpp for the output and dx instead (same bits).
 #include <algorithm>
 #include <type_traits>
 
 #include "core/parallel.h"
+#include "ops/conv2d_depthwise.h"
 #include "ops/f32_staging.h"
 #include "ops/op_utils.h"
 
 namespace mg {
 namespace detail {
 namespace {
-
-struct DwGeom {
-  int64_t N, Cin, H, W, Cout, KH, KW, OH, OW, stride, pad, mult;
-  int64_t hw() const { return H * W; }
-  int64_t ohw() const { return OH * OW; }
-  int64_t kk() const { return KH * KW; }
-};
 
 DwGeom make_dw_geom(const Shape& xs, const Shape& ws, const Shape& os, int64_t stride, int64_t pad) {
   return {xs[0], xs[1], xs[2], xs[3], ws[0], ws[2], ws[3], os[2], os[3], stride, pad, ws[0] / xs[1]};
@@ -34,6 +29,28 @@ void valid_range(int64_t in, int64_t out, int64_t k, int64_t s, int64_t pad, int
   lo = a > 0 ? (a + s - 1) / s : 0;
   hi = b < 0 ? 0 : std::min(out, b / s + 1);
   lo = std::min(lo, hi);
+}
+
+DepthwiseKernel g_kernel = DepthwiseKernel::automatic;
+
+// The lane count of the channel-vectorised kernel for g (ops/conv2d_depthwise_lanes.cpp), or 0 for
+// the reference below.
+int lanes_for(const DwGeom& g) {
+  int lanes = 0;
+  switch (g_kernel) {
+    case DepthwiseKernel::reference: return 0;
+    case DepthwiseKernel::scalar: lanes = 1; break;
+    case DepthwiseKernel::lanes8: lanes = 8; break;
+    case DepthwiseKernel::lanes16: lanes = 16; break;
+    case DepthwiseKernel::automatic:
+#ifdef __AVX512F__
+      lanes = 16;
+#else
+      lanes = 8;
+#endif
+      break;
+  }
+  return depthwise_lanes(g, lanes) ? lanes : 0;
 }
 
 int64_t plane_grain(const DwGeom& g) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.kk() * g.ohw())); }
@@ -159,6 +176,12 @@ void forward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Ten
       }
     });
   };
+  if constexpr (std::is_same_v<T, float>) {
+    if (const int lanes = lanes_for(g)) {
+      depthwise_lanes_forward(g, lanes, g.N, x.data<T>(), wp, bp, out.data<T>());
+      return;
+    }
+  }
   if constexpr (!low) {
     planes(g.N, x.data<T>(), out.data<T>());  // the whole batch in one pass
   } else {
@@ -214,6 +237,13 @@ void backward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Te
       }
     });
   };
+  if constexpr (std::is_same_v<T, float>) {
+    if (const int lanes = lanes_for(g)) {  // dx on the channel lanes, dW here
+      if (need_dw) weight_pass(g.N, dout.data<T>(), x.data<T>());
+      if (need_dx) depthwise_lanes_backward_input(g, lanes, g.N, dout.data<T>(), wp, dx.data<T>());
+      return;
+    }
+  }
   if constexpr (!low) {  // the whole batch in one pass each
     if (need_dw) weight_pass(g.N, dout.data<T>(), x.data<T>());
     if (need_dx) input_pass(g.N, dout.data<T>(), dx.data<T>());
@@ -233,7 +263,9 @@ void backward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Te
 
 }  // namespace
 
-// x: (N, Cin, H, W), w: (Cin*M, 1, KH, KW), bias: (Cin*M) or undefined -> out (N, Cin*M, OH, OW).
+void set_depthwise_kernel(DepthwiseKernel k) { g_kernel = k; }
+DepthwiseKernel depthwise_kernel() { return g_kernel; }
+
 // All contiguous; shapes were checked by conv2d.
 void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bias, const Tensor& out,
                               int64_t stride, int64_t padding) {
@@ -241,7 +273,6 @@ void depthwise_conv2d_forward(const Tensor& x, const Tensor& w, const Tensor& bi
   MG_DISPATCH_FLOAT(out.dtype(), "conv2d", [&] { forward_kernel<scalar_t>(g, x, w, bias, out); });
 }
 
-// dx (if defined) needs w; dw (if defined) needs x; undefined inputs are not read.
 void depthwise_conv2d_backward(const Tensor& x, const Tensor& w, const Tensor& dout, const Tensor& dx,
                                const Tensor& dw, int64_t stride, int64_t padding) {
   const Shape& xs = dx.defined() ? dx.shape() : x.shape();
