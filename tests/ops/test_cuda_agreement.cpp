@@ -125,7 +125,9 @@ TEST_CASE("cuda agreement: unary ops, forward and backward, every float dtype", 
       {"neg", mg::neg}, {"exp", mg::exp},   {"log", mg::log},         {"sqrt", mg::sqrt},
       {"rsqrt", mg::rsqrt}, {"abs", mg::abs}, {"tanh", mg::tanh},     {"sigmoid", mg::sigmoid},
       {"relu", mg::relu}, {"relu6", mg::relu6}, {"gelu_tanh", mg::gelu_tanh}, {"silu", mg::silu}};
-  for (auto [name, f] : ops) {
+  for (const auto& op : ops) {  // not a structured binding: clang 14 cannot capture one
+    const char* name = op.first;
+    const auto f = op.second;
     const bool positive = std::string(name) == "log" || std::string(name).find("sqrt") != std::string::npos;
     for (DType dt : {DType::f32, DType::f64, DType::f16, DType::bf16}) {
       agree(std::string(name) + " " + std::string(dtype_name(dt)), [&](Device d) {
@@ -143,7 +145,9 @@ TEST_CASE("cuda agreement: binary ops with broadcasting, scalar forms, compariso
   const std::vector<std::pair<const char*, B>> ops = {{"add", mg::add}, {"sub", mg::sub}, {"mul", mg::mul},
                                                       {"div", mg::div}, {"pow", mg::pow}, {"maximum", mg::maximum},
                                                       {"minimum", mg::minimum}};
-  for (auto [name, f] : ops) {
+  for (const auto& op : ops) {  // not a structured binding: clang 14 cannot capture one
+    const char* name = op.first;
+    const auto f = op.second;
     for (DType dt : {DType::f32, DType::f16}) {
       agree(std::string(name) + " " + std::string(dtype_name(dt)), [&](Device d) {
         Tensor a = leaf(rnd({4, 1, 6}, 4, d, dt, 0.5, 2));  // positive bases for pow

@@ -23,8 +23,9 @@ TEST_CASE("unary ops pass gradcheck", "[elementwise]") {
       {"gelu", [](auto& v) { return gelu_tanh(v[0]); }}, {"silu", [](auto& v) { return silu(v[0]); }},
       {"abs", [](auto& v) { return abs(v[0]); }},
   };
-  for (auto& [name, f] : fns) {
-    INFO(name);
+  for (auto& entry : fns) {  // not a structured binding: clang 14 cannot capture one
+    INFO(entry.first);
+    auto& f = entry.second;
     check_gradcheck(f, {x});
   }
   check_gradcheck([](auto& v) { return log(v[0]); }, {pos});
@@ -45,8 +46,9 @@ TEST_CASE("binary ops pass gradcheck with broadcasting and strided inputs", "[el
       {"pow", [](auto& v) { return pow(v[0], v[1]); }},     {"maximum", [](auto& v) { return maximum(v[0], v[1]); }},
       {"minimum", [](auto& v) { return minimum(v[0], v[1]); }},
   };
-  for (auto& [name, f] : fns) {
-    INFO(name);
+  for (auto& entry : fns) {  // not a structured binding: clang 14 cannot capture one
+    INFO(entry.first);
+    auto& f = entry.second;
     check_gradcheck(f, {a, b});
     check_gradcheck([&f](auto& v) { return f({transpose(v[0], 0, 2), v[1]}); }, {strided, b});
   }

@@ -143,7 +143,8 @@ TEST_CASE("AdamW8bit: save and resume continue bit for bit", "[adam8bit]") {
     train_step(b, resumed, i);
   }
   CHECK(values(a) == values(b));
-  for (auto& [n, t] : opt.state_dict()) {
+  for (auto& [name, t] : opt.state_dict()) {
+    const std::string& n = name;  // clang 14 cannot capture a structured binding
     auto other = resumed.state_dict();
     auto it = std::find_if(other.begin(), other.end(), [&](auto& kv) { return kv.first == n; });
     REQUIRE(it != other.end());
