@@ -19,7 +19,8 @@ void add_prune_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("prune", "Prune a trained run into a smaller (or sparse) run directory");
   cmd->add_option("--run", o->run, "the trained run directory (gpt train or vision train)")->required();
   cmd->add_option("--out", o->out, "the new run directory")->required();
-  cmd->add_option("--method", o->method, "structured (units removed) or unstructured (weights zeroed, stored sparse)")
+  cmd->add_option("--method", o->method, "structured (units removed), unstructured (weights zeroed, stored sparse) or 2:4 "
+                  "(2 of every 4 weights zeroed, stored 2:4 and run by the 2:4 kernel)")
       ->capture_default_str();
   cmd->add_option("--amount", o->amount, "fraction removed, in [0, 1)")->capture_default_str();
   cmd->add_option("--criterion", o->criterion, "importance: l1, l2, bn (BatchNorm scale), taylor (|grad x weight|)")

@@ -22,7 +22,7 @@ namespace mg {
 struct PruneOptions {
   std::string run{};                 // the trained run directory
   std::string out{};                 // the new run directory (must not hold a checkpoint)
-  std::string method = "structured";  // structured | unstructured
+  std::string method = "structured";  // structured | unstructured | 2:4 (2 of every 4 weights, stored 2:4)
   double amount = 0.5;               // fraction of units (structured) or weights (unstructured), [0, 1)
   std::string criterion = "l1";      // l1 | l2 | bn | taylor (unstructured: l1, the magnitude)
   std::string scope = "layer";       // layer | global
@@ -37,6 +37,7 @@ struct PruneOptions {
 
 struct PruneResult {
   std::string out_dir{}, kind{};  // kind: "gpt" or "vision"
+  std::string method{};           // as given: structured, unstructured or 2:4
   int64_t parameters_before = 0, parameters_after = 0;
   int64_t parameter_bytes_before = 0, parameter_bytes_after = 0;  // allocator, category parameter
   // unstructured: the masked weights' sparsity, the masks' bytes, and those weights' bytes dense

@@ -15,6 +15,7 @@
 #include "apps/prune_sweep.h"
 #include "apps/vision_train.h"
 #include "core/safetensors.h"
+#include "models/compress/sparse_24.h"
 #include "models/compress/sparse_format.h"
 
 using namespace mg;
@@ -119,6 +120,43 @@ TEST_CASE("prune command: gpt unstructured stores the weights sparse and keeps t
         gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0, .dense = true}).continuation);
 }
 
+TEST_CASE("prune command: 2:4 stores the 2:4 layout, keeps the pattern through fine-tuning, runs sparse", "[prune][apps][sparse24]") {
+  DataTempDir tmp("prune_gpt_24");
+  const std::string run = tiny_gpt_run(tmp, "run");
+  const std::string out = tmp.file("p24");
+  run_prune_cli({"prune", "--run", run, "--out", out, "--method", "2:4", "--finetune-steps", "2"});
+  const nlohmann::json cfg = RunDir(out).read_config();
+  CHECK(cfg.at("pruning").at("pattern") == "2:4");
+  CHECK(cfg.at("pruning").at("sparsity").get<double>() == 0.5);
+  int64_t checked = 0;
+  for (auto& [name, t] : load_safetensors(RunDir(out).checkpoint_dir() + "/model.safetensors"))
+    if (t.dim() == 2 && name.find(".c_") != std::string::npos) {
+      CHECK(is_24_sparse(t));
+      ++checked;
+    }
+  CHECK(checked == 8);
+  int64_t entries24 = 0;
+  for (auto& [name, t] : load_safetensors(RunDir(out).file("model.sparse.safetensors")))
+    entries24 += name.find(".__24values") != std::string::npos;
+  CHECK(entries24 == 8);
+
+  PruneResult r = prune_run({.run = run, .out = tmp.file("p24b"), .method = "2:4", .progress = ProgressStyle::none});
+  CHECK(r.sparsity == 0.5);
+  CHECK(r.sparse_weight_bytes * 16 == r.dense_weight_bytes * 17 / 2);  // 2 + 1/8 bytes for 4
+  CHECK(prune_report(r).find("2:4 values+indices") != std::string::npos);
+  const GptEvalResult sparse = gpt_eval({.run = r.out_dir});
+  const GptEvalResult dense = gpt_eval({.run = r.out_dir, .dense = true});
+  CHECK(sparse.sparse_layers == 8);
+  CHECK(sparse.loss == Approx(dense.loss).epsilon(1e-5));
+  CHECK(sparse.weight_bytes < dense.weight_bytes);
+  CHECK(gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0}).continuation ==
+        gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0, .dense = true}).continuation);
+  CHECK_THROWS_WITH(prune_run({.run = run, .out = tmp.file("bad"), .method = "2:4", .amount = 0.3}),
+                    Catch::Contains("leave --amount at 0.5"));
+  CHECK_THROWS_WITH(prune_sweep({.run = run, .out = tmp.file("bad"), .method = "2:4"}, {0.0, 0.5}),
+                    Catch::Contains("--method 2:4 has a single one"));
+}
+
 TEST_CASE("prune command: gradual schedule raises the sparsity while fine-tuning and reaches the final one", "[prune][apps]") {
   DataTempDir tmp("prune_gpt_gradual");
   const std::string run = tiny_gpt_run(tmp, "run");
@@ -190,7 +228,7 @@ TEST_CASE("prune command: bad input is a clear error", "[prune][apps]") {
   fails({.criterion = "bn"}, "has no BatchNorm");
   fails({.criterion = "l3"}, "unknown criterion 'l3'");
   fails({.method = "unstructured", .criterion = "taylor"}, "applies to --method structured");
-  fails({.method = "lottery"}, "--method must be structured or unstructured");
+  fails({.method = "lottery"}, "--method must be structured, unstructured or 2:4");
   fails({.target = "layers"}, "--target must be mlp, heads or mlp+heads");
   fails({.target = "expansion"}, "--target must be mlp, heads or mlp+heads");
   fails({.scope = "model"}, "unknown scope 'model'");
