@@ -68,11 +68,14 @@ void rows_scalar(const Problem& p, int64_t n0, int64_t n1) {
   }
 }
 
-// 2:4 (values (N, K/2), meta (N, mc) nibbles: sparse_24.h): Y^T (N, Mp) from X^T (K, Mp).
+// 2:4 (values (N, K/2), meta (N, mc) nibbles: sparse_24.h). X^T and Y^T are held as panels of
+// 16 columns, X^T (Mp/16, K, 16) and Y^T (Mp/16, N, 16): a panel's rows are contiguous, so the
+// strip a register tile reads is K x 64 bytes in a row (in (K, Mp) the rows sit Mp floats apart
+// and, at a power-of-two Mp, all map to the same few cache sets).
 struct Problem24 {
   const float* values;
   const uint8_t* meta;
-  int64_t N, K, mc, Mp;
+  int64_t N, K, mc, panels;
   const float* xt;
   float* yt;
 };
@@ -80,17 +83,18 @@ struct Problem24 {
 // The specification: Y^T[n][m] = fma(w1, X^T[k1][m], fma(w0, X^T[k0][m], .)) over the groups in
 // order, (k0, k1) the group's kept columns.
 void rows24_scalar(const Problem24& p, int64_t n0, int64_t n1) {
-  for (int64_t n = n0; n < n1; ++n) {
-    float* y = p.yt + n * p.Mp;
-    std::fill(y, y + p.Mp, 0.0f);
-    const float* v = p.values + n * (p.K / 2);
-    for (int64_t g = 0; g < p.K / 4; ++g) {
-      const int nib = (p.meta[n * p.mc + g / 2] >> (4 * (g & 1))) & 15;
-      const float* x0 = p.xt + (4 * g + (nib & 3)) * p.Mp;
-      const float* x1 = p.xt + (4 * g + (nib >> 2)) * p.Mp;
-      for (int64_t m = 0; m < p.Mp; ++m) y[m] = std::fma(v[2 * g + 1], x1[m], std::fma(v[2 * g], x0[m], y[m]));
+  for (int64_t t = 0; t < p.panels; ++t)
+    for (int64_t n = n0; n < n1; ++n) {
+      float* y = p.yt + (t * p.N + n) * kPad;
+      std::fill(y, y + kPad, 0.0f);
+      const float* v = p.values + n * (p.K / 2);
+      for (int64_t g = 0; g < p.K / 4; ++g) {
+        const int nib = (p.meta[n * p.mc + g / 2] >> (4 * (g & 1))) & 15;
+        const float* x0 = p.xt + (t * p.K + 4 * g + (nib & 3)) * kPad;
+        const float* x1 = p.xt + (t * p.K + 4 * g + (nib >> 2)) * kPad;
+        for (int64_t j = 0; j < kPad; ++j) y[j] = std::fma(v[2 * g + 1], x1[j], std::fma(v[2 * g], x0[j], y[j]));
+      }
     }
-  }
 }
 
 #ifdef MG_SPARSE_X86
@@ -174,58 +178,62 @@ __attribute__((target("avx512f"))) void rows_avx512(const Problem& p, int64_t n0
     }
 }
 
-// 2:4, R rows of W at once over 16 columns of X^T (one zmm, or two ymm, per row): R independent
-// accumulator chains hide the FMA latency; the X^T strip (K x 16) is reused by every row.
+// 2:4, R rows of W at once over one panel (16 columns: one zmm, or two ymm, per row): R
+// independent accumulator chains hide the FMA latency; the panel is reused by every row.
 template <int R>
-__attribute__((target("avx512f"))) void block24_avx512(const Problem24& p, int64_t n, int64_t m0) {
+__attribute__((target("avx512f"))) void block24_avx512(const Problem24& p, const float* xp, float* yp, int64_t n) {
   __m512 a[R];
   for (int r = 0; r < R; ++r) a[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < p.K / 4; ++g) {
-    const float* x = p.xt + 4 * g * p.Mp + m0;
+    const float* x = xp + 4 * g * kPad;
     for (int r = 0; r < R; ++r) {
       const int nib = (p.meta[(n + r) * p.mc + g / 2] >> (4 * (g & 1))) & 15;
       const float* v = p.values + (n + r) * (p.K / 2) + 2 * g;
-      a[r] = _mm512_fmadd_ps(_mm512_set1_ps(v[0]), _mm512_loadu_ps(x + (nib & 3) * p.Mp), a[r]);
-      a[r] = _mm512_fmadd_ps(_mm512_set1_ps(v[1]), _mm512_loadu_ps(x + (nib >> 2) * p.Mp), a[r]);
+      a[r] = _mm512_fmadd_ps(_mm512_set1_ps(v[0]), _mm512_loadu_ps(x + (nib & 3) * kPad), a[r]);
+      a[r] = _mm512_fmadd_ps(_mm512_set1_ps(v[1]), _mm512_loadu_ps(x + (nib >> 2) * kPad), a[r]);
     }
   }
-  for (int r = 0; r < R; ++r) _mm512_storeu_ps(p.yt + (n + r) * p.Mp + m0, a[r]);
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(yp + (n + r) * kPad, a[r]);
 }
 
 __attribute__((target("avx512f"))) void rows24_avx512(const Problem24& p, int64_t n0, int64_t n1) {
-  for (int64_t m0 = 0; m0 < p.Mp; m0 += kPad) {
+  for (int64_t t = 0; t < p.panels; ++t) {
+    const float* xp = p.xt + t * p.K * kPad;
+    float* yp = p.yt + t * p.N * kPad;
     int64_t n = n0;
-    for (; n + 8 <= n1; n += 8) block24_avx512<8>(p, n, m0);
-    for (; n < n1; ++n) block24_avx512<1>(p, n, m0);
+    for (; n + 8 <= n1; n += 8) block24_avx512<8>(p, xp, yp, n);
+    for (; n < n1; ++n) block24_avx512<1>(p, xp, yp, n);
   }
 }
 
 template <int R>
-__attribute__((target("avx2,fma"))) void block24_avx2(const Problem24& p, int64_t n, int64_t m0) {
+__attribute__((target("avx2,fma"))) void block24_avx2(const Problem24& p, const float* xp, float* yp, int64_t n) {
   __m256 a[R], b[R];
   for (int r = 0; r < R; ++r) a[r] = b[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < p.K / 4; ++g) {
-    const float* x = p.xt + 4 * g * p.Mp + m0;
+    const float* x = xp + 4 * g * kPad;
     for (int r = 0; r < R; ++r) {
       const int nib = (p.meta[(n + r) * p.mc + g / 2] >> (4 * (g & 1))) & 15;
       const float* v = p.values + (n + r) * (p.K / 2) + 2 * g;
-      const float *x0 = x + (nib & 3) * p.Mp, *x1 = x + (nib >> 2) * p.Mp;
+      const float *x0 = x + (nib & 3) * kPad, *x1 = x + (nib >> 2) * kPad;
       const __m256 w0 = _mm256_set1_ps(v[0]), w1 = _mm256_set1_ps(v[1]);
       a[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1), _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0), a[r]));
       b[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + 8), _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + 8), b[r]));
     }
   }
   for (int r = 0; r < R; ++r) {
-    _mm256_storeu_ps(p.yt + (n + r) * p.Mp + m0, a[r]);
-    _mm256_storeu_ps(p.yt + (n + r) * p.Mp + m0 + 8, b[r]);
+    _mm256_storeu_ps(yp + (n + r) * kPad, a[r]);
+    _mm256_storeu_ps(yp + (n + r) * kPad + 8, b[r]);
   }
 }
 
 __attribute__((target("avx2,fma"))) void rows24_avx2(const Problem24& p, int64_t n0, int64_t n1) {
-  for (int64_t m0 = 0; m0 < p.Mp; m0 += kPad) {
+  for (int64_t t = 0; t < p.panels; ++t) {
+    const float* xp = p.xt + t * p.K * kPad;
+    float* yp = p.yt + t * p.N * kPad;
     int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) block24_avx2<4>(p, n, m0);
-    for (; n < n1; ++n) block24_avx2<1>(p, n, m0);
+    for (; n + 4 <= n1; n += 4) block24_avx2<4>(p, xp, yp, n);
+    for (; n < n1; ++n) block24_avx2<1>(p, xp, yp, n);
   }
 }
 
@@ -254,6 +262,33 @@ void transpose_out(const Tensor& yt, int64_t M, int64_t N, int64_t Mp, const Ten
     for (int64_t n0 = 0; n0 < N; n0 += 16)
       for (int64_t m = m0; m < std::min(M, m0 + 16); ++m)
         for (int64_t n = n0; n < std::min(N, n0 + 16); ++n) o[m * N + n] = y[n * Mp + m] + (b ? b[n] : 0.0f);
+}
+
+// x (M, K) as panels of 16 rows, (Mp/16, K, 16) (X^T a panel at a time); rows past M zero.
+void pack_panels(const Tensor& xc, int64_t M, int64_t K, int64_t Mp, Tensor& xt) {
+  const float* xs = xc.data<float>();
+  float* xp = xt.data<float>();
+  for (int64_t t = 0; t < Mp / kPad; ++t)
+    for (int64_t j = 0; j < kPad; ++j) {
+      const int64_t m = t * kPad + j;
+      float* dst = xp + t * K * kPad + j;
+      if (m < M)
+        for (int64_t k = 0; k < K; ++k) dst[k * kPad] = xs[m * K + k];
+      else
+        for (int64_t k = 0; k < K; ++k) dst[k * kPad] = 0.0f;
+    }
+}
+
+// out (M, N) = Y^T panels (Mp/16, N, 16) transposed back, + bias.
+void unpack_panels(const Tensor& yt, int64_t M, int64_t N, const Tensor& bias, Tensor& out) {
+  float* o = out.data<float>();
+  const float* y = yt.data<float>();
+  const Tensor bc = bias.defined() ? contiguous(bias) : Tensor();
+  const float* b = bc.defined() ? bc.data<float>() : nullptr;
+  for (int64_t m = 0; m < M; ++m) {
+    const float* src = y + (m / kPad) * N * kPad + m % kPad;
+    for (int64_t n = 0; n < N; ++n) o[m * N + n] = src[n * kPad] + (b ? b[n] : 0.0f);
+  }
 }
 
 // The checks both ops share: an f32 cpu input without a graph, a bias of N, a path this CPU has.
@@ -391,12 +426,12 @@ Tensor sparse24_linear(const Tensor& x, const Tensor& values, const Tensor& meta
   Tensor xt, yt;
   {
     MemoryCategoryGuard ws(MemoryCategory::workspace);
-    xt = empty({std::max<int64_t>(K, 1), Mp}, {.device = x.device()});  // (K, Mp): X^T
-    yt = empty({N, Mp}, {.device = x.device()});                        // (N, Mp): Y^T
+    xt = empty({Mp / kPad, std::max<int64_t>(K, 1), kPad}, {.device = x.device()});  // X^T panels
+    yt = empty({Mp / kPad, N, kPad}, {.device = x.device()});                        // Y^T panels
   }
-  transpose_in(xc, M, K, Mp, xt);
-  const Problem24 p{values.data<float>(), meta.data<uint8_t>(), N, K, mc, Mp, xt.data<float>(), yt.data<float>()};
-  const int64_t grain = std::max<int64_t>(8, 65536 / std::max<int64_t>(1, (K / 2 + 1) * Mp));
+  pack_panels(xc, M, K, Mp, xt);
+  const Problem24 p{values.data<float>(), meta.data<uint8_t>(), N, K, mc, Mp / kPad, xt.data<float>(), yt.data<float>()};
+  const int64_t grain = std::max<int64_t>(8, 65536 / std::max<int64_t>(1, (K / 2 + 1) * Mp));  // ~64k multiply-adds
   parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
     switch (path) {
 #ifdef MG_SPARSE_X86
@@ -406,7 +441,7 @@ Tensor sparse24_linear(const Tensor& x, const Tensor& values, const Tensor& meta
       default: rows24_scalar(p, n0, n1);
     }
   });
-  transpose_out(yt, M, N, Mp, bias, out);
+  unpack_panels(yt, M, N, bias, out);
   return out;
 }
 
