@@ -32,6 +32,9 @@ void add_prune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--finetune-steps", o->finetune_steps, "training steps after pruning (continues the run)")
       ->capture_default_str();
+  cmd->add_option("--finetune-lr", o->finetune_lr, "> 0: fine-tune on a fresh cosine from this learning rate down to "
+                  "the run's min/peak ratio; 0: the run's own schedule, stretched to end with the fine-tune")
+      ->capture_default_str();
   cmd->add_option("--schedule", o->schedule, "unstructured: oneshot, or gradual (Zhu & Gupta's cubic sparsity ramp "
                   "over the first 3/4 of --finetune-steps)")->capture_default_str();
   cmd->add_option("--bench-steps", o->bench_steps, "> 0: train both models this many steps; peak memory and step time")

@@ -215,6 +215,21 @@ double quality(const RunDir& run, bool gpt) {
   return gpt ? gpt_eval({.run = run.path()}).loss : vision_eval({.run = run.path()}).accuracy;
 }
 
+// --finetune-lr: the fine-tune gets its own cosine, from `lr` at the pruned step `at` down to the
+// run's min/peak ratio at `end`, written into the run's schedule as a cosine whose warmup ends at
+// `at` (steps the run has passed). Without it the run's schedule stretches to end at `end`.
+void restart_schedule(nlohmann::json& config, int64_t at, int64_t end, double lr) {
+  auto& opt = config.at("optimizer");
+  auto& s = config.at("schedule");
+  MG_CHECK(s.value("kind", "") == "cosine", kCmd, ": --finetune-lr restarts a cosine schedule; the run's is '",
+           s.value("kind", "?"), "'");
+  const double ratio = s.at("min_lr").get<double>() / opt.at("lr").get<double>();
+  opt["lr"] = lr;
+  s["min_lr"] = lr * ratio;
+  s["warmup_steps"] = at;
+  s["total_steps"] = end;
+}
+
 BenchRow bench_one(int64_t steps, const nlohmann::json& config, const std::string& dir, bool gpt) {
   BenchOptions b;
   if (gpt) b.gpt = GPTConfig::from_json(config.at("model"));
@@ -249,6 +264,8 @@ PruneResult prune_run(const PruneOptions& o) {
            "magnitude masks; use it with --method unstructured");
   if (o.schedule == "gradual")
     MG_CHECK(o.finetune_steps >= 2, kCmd, ": --schedule gradual prunes during fine-tuning; give --finetune-steps >= 2");
+  MG_CHECK(o.finetune_lr >= 0.0, kCmd, ": --finetune-lr must be >= 0 (0: the run's schedule continues), got ",
+           o.finetune_lr);
   MG_CHECK(o.finetune_steps >= 0 && o.bench_steps >= 0, kCmd, ": --finetune-steps and --bench-steps must be >= 0");
   MG_CHECK(!o.out.empty(), kCmd, ": --out is required (the new run directory)");
   RunDir src = existing_run_dir(o.run, kCmd);
@@ -281,6 +298,14 @@ PruneResult prune_run(const PruneOptions& o) {
   r.quality_pruned = quality(dst, gpt);
   const int64_t at = dst.read_checkpoint_state().step;
   if (o.finetune_steps > 0) {
+    if (o.finetune_lr > 0.0) {
+      restart_schedule(config, at, at + o.finetune_steps, o.finetune_lr);
+      if (gpt) config["steps"] = at + o.finetune_steps;
+      else config["epochs"] = std::max(config.at("epochs").get<int64_t>(),
+                                       (at + o.finetune_steps + config.at("steps_per_epoch").get<int64_t>() - 1) /
+                                           config.at("steps_per_epoch").get<int64_t>());
+      dst.write_config(config);
+    }
     if (gpt) {
       GptTrainOptions t;
       t.resume = dst.path();

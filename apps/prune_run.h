@@ -29,6 +29,7 @@ struct PruneOptions {
   std::string target{};              // GPT: mlp (default) | heads | mlp+heads; MobileNetV2: expansion
   int64_t taylor_batches = 4;        // batches of the run's training data the taylor criterion reads
   int64_t finetune_steps = 0;        // training steps after pruning (0: none)
+  double finetune_lr = 0.0;          // > 0: the fine-tune's own cosine from this rate; 0: the run's schedule stretched
   std::string schedule = "oneshot";  // unstructured: oneshot (all at once) | gradual (cubic, while fine-tuning)
   int64_t bench_steps = 0;           // > 0: `memgrad bench` rows (technique none) of both models
   bool evaluate_source = true;       // measure the source run's quality too (a sweep does it once)

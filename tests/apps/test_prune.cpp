@@ -86,6 +86,24 @@ TEST_CASE("prune command: gpt structured run directory samples, resumes and is s
   CHECK(prune_report(r).find("parameter bytes") != std::string::npos);
 }
 
+TEST_CASE("prune command: --finetune-lr gives the fine-tune its own cosine", "[prune][apps]") {
+  DataTempDir tmp("prune_gpt_ftlr");
+  const std::string run = tiny_gpt_run(tmp, "run");
+  const std::string out = tmp.file("ftlr");
+  run_prune_cli({"prune", "--run", run, "--out", out, "--amount", "0.5", "--finetune-steps", "3", "--finetune-lr", "0.005"});
+  std::vector<double> lr;
+  for (const std::string& v : metrics_column(out, "lr")) lr.push_back(std::stod(v));
+  REQUIRE(lr.size() == 7);  // the source's 4 steps, then 3 fine-tune steps
+  CHECK(lr[4] == Approx(0.005));             // the peak at the pruned step
+  CHECK(lr[5] < lr[4]);                      // then the cosine falls
+  CHECK(lr[6] > 0.005 * 0.1);                // towards the run's min/peak ratio (0.1)
+  const nlohmann::json s = RunDir(out).read_config().at("schedule");
+  CHECK(s.at("warmup_steps") == 4);
+  CHECK(s.at("total_steps") == 7);
+  CHECK_THROWS_WITH(prune_run({.run = run, .out = tmp.file("bad"), .finetune_lr = -1.0}),
+                    Catch::Contains("--finetune-lr must be >= 0"));
+}
+
 TEST_CASE("prune command: gpt unstructured stores the weights sparse and keeps them at zero through fine-tuning", "[prune][apps]") {
   DataTempDir tmp("prune_gpt_sparse");
   const std::string run = tiny_gpt_run(tmp, "run");
