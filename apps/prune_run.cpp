@@ -125,8 +125,9 @@ void refresh_sparse_files(const RunDir& dst, PruneResult& r) {
   apply_precision(model, TechniqueOptions{}.from_config(config).precision);
   dst.load_weights(model);
   const bool two_four = config["pruning"].value("method", "") == kTwoFour;
+  const PruneScope scope = parse_prune_scope(config["pruning"].value("scope", "layer"));
   const MagnitudeMask mask = two_four ? MagnitudeMask(model, load_safetensors(dst.file(kMasksFile)))
-                                      : MagnitudeMask(model, 0.0, parse_prune_scope(config["pruning"].value("scope", "layer")));  // the zeros as they are
+                                      : MagnitudeMask(model, 0.0, scope);  // the zeros as they are
   write_sparse_files(model, mask, dst, config["pruning"], r);
   dst.write_config(config);
 }
