@@ -345,7 +345,8 @@ int64_t use_sparse_inference(const nlohmann::json& config, GPT& model, bool dens
   if (dense || !config.contains("pruning") || !config["pruning"].contains("sparse_weights")) return 0;
   const Tensor& w = model.h->at<Block>(0)->mlp->c_fc->weight;
   if (!w.defined() || !w.device().is_cpu() || w.dtype() != DType::f32) return 0;  // the kernel is f32 on the host
-  return sparsify_gpt(model).sparse;
+  const SparsifyCounts c = sparsify_gpt(model);
+  return c.sparse + c.sparse24;
 }
 
 GptSampleResult gpt_sample(const GptSampleOptions& o) {

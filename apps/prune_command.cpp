@@ -19,7 +19,8 @@ void add_prune_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("prune", "Prune a trained run into a smaller (or sparse) run directory");
   cmd->add_option("--run", o->run, "the trained run directory (gpt train or vision train)")->required();
   cmd->add_option("--out", o->out, "the new run directory")->required();
-  cmd->add_option("--method", o->method, "structured (units removed) or unstructured (weights zeroed, stored sparse)")
+  cmd->add_option("--method", o->method, "structured (units removed), unstructured (weights zeroed, stored sparse) or 2:4 "
+                  "(2 of every 4 weights zeroed, stored 2:4 and run by the 2:4 kernel)")
       ->capture_default_str();
   cmd->add_option("--amount", o->amount, "fraction removed, in [0, 1)")->capture_default_str();
   cmd->add_option("--criterion", o->criterion, "importance: l1, l2, bn (BatchNorm scale), taylor (|grad x weight|)")
@@ -30,6 +31,9 @@ void add_prune_command(CLI::App& app) {
   cmd->add_option("--taylor-batches", o->taylor_batches, "training batches the taylor criterion reads")
       ->capture_default_str();
   cmd->add_option("--finetune-steps", o->finetune_steps, "training steps after pruning (continues the run)")
+      ->capture_default_str();
+  cmd->add_option("--finetune-lr", o->finetune_lr, "> 0: fine-tune on a fresh cosine from this learning rate down to "
+                  "the run's min/peak ratio; 0: the run's own schedule, stretched to end with the fine-tune")
       ->capture_default_str();
   cmd->add_option("--schedule", o->schedule, "unstructured: oneshot, or gradual (Zhu & Gupta's cubic sparsity ramp "
                   "over the first 3/4 of --finetune-steps)")->capture_default_str();

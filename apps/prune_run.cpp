@@ -18,6 +18,7 @@
 #include "data/data_loader.h"
 #include "data/token_file.h"
 #include "data/token_window_dataset.h"
+#include "models/compress/sparse_24.h"
 #include "models/compress/sparse_format.h"
 #include "models/compress/structured_prune.h"
 #include "ops/ops.h"
@@ -33,6 +34,7 @@ namespace {
 constexpr const char* kCmd = "prune";
 constexpr const char* kMasksFile = "masks.safetensors";
 constexpr const char* kSparseFile = "model.sparse.safetensors";
+constexpr const char* kTwoFour = "2:4";
 const Device kHost("cpu:0");
 
 int64_t parameter_bytes() { return memory_stats(kHost).category(MemoryCategory::parameter).current; }
@@ -94,23 +96,26 @@ void write_sparse_files(Module& model, const MagnitudeMask& mask, const RunDir& 
                         PruneResult& r) {
   r.sparsity = mask.sparsity();
   r.mask_bytes = mask.mask_bytes();
-  NamedTensors weights = prunable_weights(model);
+  const bool two_four = record.value("method", "") == kTwoFour;
+  const SparseLayout layout = two_four ? SparseLayout::two_four : SparseLayout::bitmask;
+  NamedTensors weights = two_four ? prunable_24_weights(model) : prunable_weights(model);
   r.dense_weight_bytes = 0;
   for (const auto& [_, w] : weights) r.dense_weight_bytes += int64_t(w.nbytes());
   dst.create();
   save_safetensors(dst.file(kMasksFile), mask.masks_state(), {{"format", "memgrad-magnitude-masks"}});
   const std::string tmp = dst.file("weights.sparse.tmp");
-  r.sparse_weight_bytes = save_sparse_safetensors(tmp, weights);  // the masked weights alone, for the count
+  r.sparse_weight_bytes = save_sparse_safetensors(tmp, weights, layout);  // the masked weights alone, for the count
   fs::remove(tmp);
-  r.stored_bytes = save_sparse_safetensors(dst.file(kSparseFile), model.state_dict());
+  r.stored_bytes = save_sparse_safetensors(dst.file(kSparseFile), model.state_dict(), layout);
   record["masks"] = kMasksFile;
   record["sparse_weights"] = kSparseFile;
   record["sparse_bytes"] = r.stored_bytes;
   record["sparsity"] = r.sparsity;
 }
 
-// After fine-tuning an unstructured run: its masks and sparse file again from the checkpoint's
-// weights (gradual pruning raised the sparsity; every schedule changed the kept weights).
+// After fine-tuning an unstructured or 2:4 run: its masks and sparse file again from the
+// checkpoint's weights (gradual pruning raised the sparsity; every schedule changed the kept
+// weights). 2:4 masks stay those of masks.safetensors (a subset of the weights).
 template <typename M>
 void refresh_sparse_files(const RunDir& dst, PruneResult& r) {
   nlohmann::json config = dst.read_config();
@@ -119,7 +124,10 @@ void refresh_sparse_files(const RunDir& dst, PruneResult& r) {
           {.gen = &scratch, .device = kHost});
   apply_precision(model, TechniqueOptions{}.from_config(config).precision);
   dst.load_weights(model);
-  const MagnitudeMask mask(model, 0.0, parse_prune_scope(config["pruning"].value("scope", "layer")));  // the zeros as they are
+  const bool two_four = config["pruning"].value("method", "") == kTwoFour;
+  const PruneScope scope = parse_prune_scope(config["pruning"].value("scope", "layer"));
+  const MagnitudeMask mask = two_four ? MagnitudeMask(model, load_safetensors(dst.file(kMasksFile)))
+                                      : MagnitudeMask(model, 0.0, scope);  // the zeros as they are
   write_sparse_files(model, mask, dst, config["pruning"], r);
   dst.write_config(config);
 }
@@ -173,9 +181,17 @@ nlohmann::json prune_into(const RunDir& src, const RunDir& dst, nlohmann::json c
     config["pruning"] = record;
     dst.write_config(config);
     dst.save_checkpoint(*pruned, *popt, state);
+  } else if (o.method == kTwoFour) {
+    MagnitudeMask mask = MagnitudeMask::two_four(model);
+    r.parameters_after = r.parameters_before;
+    r.parameter_bytes_after = r.parameter_bytes_before;  // dense while training (the masks keep the zeros)
+    record["criterion"] = "l1";
+    record["pattern"] = kTwoFour;
+    write_sparse_files(model, mask, dst, record, r);
+    config["pruning"] = record;
+    dst.write_config(config);
+    dst.save_checkpoint(model, *opt, state);
   } else {
-    MG_CHECK(o.criterion == "l1", kCmd, ": unstructured pruning ranks single weights by magnitude (l1); --criterion ",
-             o.criterion, " applies to --method structured");
     const PruneScope scope = parse_prune_scope(o.scope);
     double amount = o.amount;
     if (o.schedule == "gradual") {  // the masks start at the schedule's initial sparsity and rise while fine-tuning
@@ -200,6 +216,21 @@ double quality(const RunDir& run, bool gpt) {
   return gpt ? gpt_eval({.run = run.path()}).loss : vision_eval({.run = run.path()}).accuracy;
 }
 
+// --finetune-lr: the fine-tune gets its own cosine, from `lr` at the pruned step `at` down to the
+// run's min/peak ratio at `end`, written into the run's schedule as a cosine whose warmup ends at
+// `at` (steps the run has passed). Without it the run's schedule stretches to end at `end`.
+void restart_schedule(nlohmann::json& config, int64_t at, int64_t end, double lr) {
+  auto& opt = config.at("optimizer");
+  auto& s = config.at("schedule");
+  MG_CHECK(s.value("kind", "") == "cosine", kCmd, ": --finetune-lr restarts a cosine schedule; the run's is '",
+           s.value("kind", "?"), "'");
+  const double ratio = s.at("min_lr").get<double>() / opt.at("lr").get<double>();
+  opt["lr"] = lr;
+  s["min_lr"] = lr * ratio;
+  s["warmup_steps"] = at;
+  s["total_steps"] = end;
+}
+
 BenchRow bench_one(int64_t steps, const nlohmann::json& config, const std::string& dir, bool gpt) {
   BenchOptions b;
   if (gpt) b.gpt = GPTConfig::from_json(config.at("model"));
@@ -217,8 +248,14 @@ BenchRow bench_one(int64_t steps, const nlohmann::json& config, const std::strin
 }  // namespace
 
 PruneResult prune_run(const PruneOptions& o) {
-  MG_CHECK(o.method == "structured" || o.method == "unstructured", kCmd, ": --method must be structured or "
-           "unstructured, got '", o.method, "'");
+  MG_CHECK(o.method == "structured" || o.method == "unstructured" || o.method == kTwoFour, kCmd,
+           ": --method must be structured, unstructured or 2:4, got '", o.method, "'");
+  if (o.method != "structured")
+    MG_CHECK(o.criterion == "l1", kCmd, ": --method ", o.method, " ranks single weights by magnitude (l1); --criterion ",
+             o.criterion, " applies to --method structured");
+  if (o.method == kTwoFour)
+    MG_CHECK(o.amount == 0.5 && o.schedule == "oneshot", kCmd, ": --method 2:4 removes 2 of every 4 weights (exactly "
+             "half), in one shot; leave --amount at 0.5 and --schedule at oneshot");
   MG_CHECK(o.amount >= 0.0 && o.amount < 1.0, kCmd, ": --amount must be in [0, 1) (the fraction removed), got ",
            o.amount);
   parse_prune_scope(o.scope);
@@ -228,6 +265,8 @@ PruneResult prune_run(const PruneOptions& o) {
            "magnitude masks; use it with --method unstructured");
   if (o.schedule == "gradual")
     MG_CHECK(o.finetune_steps >= 2, kCmd, ": --schedule gradual prunes during fine-tuning; give --finetune-steps >= 2");
+  MG_CHECK(o.finetune_lr >= 0.0, kCmd, ": --finetune-lr must be >= 0 (0: the run's schedule continues), got ",
+           o.finetune_lr);
   MG_CHECK(o.finetune_steps >= 0 && o.bench_steps >= 0, kCmd, ": --finetune-steps and --bench-steps must be >= 0");
   MG_CHECK(!o.out.empty(), kCmd, ": --out is required (the new run directory)");
   RunDir src = existing_run_dir(o.run, kCmd);
@@ -240,6 +279,7 @@ PruneResult prune_run(const PruneOptions& o) {
   const bool gpt = command == "gpt train";
   PruneResult r;
   r.out_dir = dst.path();
+  r.method = o.method;
   r.kind = gpt ? "gpt" : "vision";
   r.quality_before = r.quality_pruned = r.quality_finetuned = std::nan("");
   if (gpt) {  // the token file stays where it is (an absolute path), not copied
@@ -259,6 +299,14 @@ PruneResult prune_run(const PruneOptions& o) {
   r.quality_pruned = quality(dst, gpt);
   const int64_t at = dst.read_checkpoint_state().step;
   if (o.finetune_steps > 0) {
+    if (o.finetune_lr > 0.0) {
+      restart_schedule(config, at, at + o.finetune_steps, o.finetune_lr);
+      if (gpt) config["steps"] = at + o.finetune_steps;
+      else config["epochs"] = std::max(config.at("epochs").get<int64_t>(),
+                                       (at + o.finetune_steps + config.at("steps_per_epoch").get<int64_t>() - 1) /
+                                           config.at("steps_per_epoch").get<int64_t>());
+      dst.write_config(config);
+    }
     if (gpt) {
       GptTrainOptions t;
       t.resume = dst.path();
@@ -283,7 +331,7 @@ PruneResult prune_run(const PruneOptions& o) {
       dst.write_config(config);
       r.finetune_steps = v.steps_done - at;
     }
-    if (o.method == "unstructured") gpt ? refresh_sparse_files<GPT>(dst, r) : refresh_sparse_files<MobileNetV2>(dst, r);
+    if (o.method != "structured") gpt ? refresh_sparse_files<GPT>(dst, r) : refresh_sparse_files<MobileNetV2>(dst, r);
     r.quality_finetuned = quality(dst, gpt);
   }
   if (o.bench_steps > 0) {
@@ -307,9 +355,10 @@ std::string prune_report(const PruneResult& r) {
   s += buf;
   if (r.dense_weight_bytes > 0) {
     std::snprintf(buf, sizeof buf,
-                  "  sparsity %.2f%% of Linear/Conv2d weights; stored %.2f MiB dense -> %.2f MiB bitmask+values "
+                  "  sparsity %.2f%% of the masked Linear/Conv2d weights; stored %.2f MiB dense -> %.2f MiB %s "
                   "(%.2fx smaller); masks %.2f MiB\n",
                   100.0 * r.sparsity, mib(r.dense_weight_bytes), mib(r.sparse_weight_bytes),
+                  r.method == kTwoFour ? "2:4 values+indices" : "bitmask+values",
                   double(r.dense_weight_bytes) / double(r.sparse_weight_bytes), mib(r.mask_bytes));
     s += buf;
   }

@@ -22,13 +22,14 @@ namespace mg {
 struct PruneOptions {
   std::string run{};                 // the trained run directory
   std::string out{};                 // the new run directory (must not hold a checkpoint)
-  std::string method = "structured";  // structured | unstructured
+  std::string method = "structured";  // structured | unstructured | 2:4 (2 of every 4 weights, stored 2:4)
   double amount = 0.5;               // fraction of units (structured) or weights (unstructured), [0, 1)
   std::string criterion = "l1";      // l1 | l2 | bn | taylor (unstructured: l1, the magnitude)
   std::string scope = "layer";       // layer | global
   std::string target{};              // GPT: mlp (default) | heads | mlp+heads; MobileNetV2: expansion
   int64_t taylor_batches = 4;        // batches of the run's training data the taylor criterion reads
   int64_t finetune_steps = 0;        // training steps after pruning (0: none)
+  double finetune_lr = 0.0;          // > 0: the fine-tune's own cosine from this rate; 0: the run's schedule stretched
   std::string schedule = "oneshot";  // unstructured: oneshot (all at once) | gradual (cubic, while fine-tuning)
   int64_t bench_steps = 0;           // > 0: `memgrad bench` rows (technique none) of both models
   bool evaluate_source = true;       // measure the source run's quality too (a sweep does it once)
@@ -37,6 +38,7 @@ struct PruneOptions {
 
 struct PruneResult {
   std::string out_dir{}, kind{};  // kind: "gpt" or "vision"
+  std::string method{};           // as given: structured, unstructured or 2:4
   int64_t parameters_before = 0, parameters_after = 0;
   int64_t parameter_bytes_before = 0, parameter_bytes_after = 0;  // allocator, category parameter
   // unstructured: the masked weights' sparsity, the masks' bytes, and those weights' bytes dense

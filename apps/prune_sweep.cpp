@@ -98,6 +98,7 @@ int64_t inference_peak_bytes(const RunDir& run) {
 
 SweepResult prune_sweep(const PruneOptions& o, const std::vector<double>& amounts) {
   MG_CHECK(!amounts.empty(), "prune: --sweep needs at least one amount");
+  MG_CHECK(o.method != "2:4", "prune: --sweep varies --amount; --method 2:4 has a single one (half of every 4 weights)");
   MG_CHECK(!o.out.empty(), "prune: --out is required (the sweep's folder)");
   MG_CHECK(!fs::exists(o.out) || fs::is_directory(o.out), "prune: --out '", o.out, "' exists and is not a folder");
   MG_CHECK(fs::weakly_canonical(o.out) != fs::weakly_canonical(o.run), "prune: --out must differ from --run");

@@ -1,8 +1,9 @@
 // Where sparse inference pays on this machine: the bitmask sparse x dense GEMM (ops/sparse_gemm.h,
 // the path cpuid picks, and AVX2 too when AVX-512 is there) against the dense f32 linear op
 // (cpu_gemm) on gpt-mini's and gpt-small's Linear shapes at 8 x 128 tokens, over sparsities
-// 0.5 to 0.98. Prints the CPU (lscpu's model name), a table of median times and the lowest
-// sparsity from which the sparse kernel stays faster, per shape and path.
+// 0.5 to 0.98, and the 2:4 kernel (sparse24_linear) on the same shapes. Prints the CPU (lscpu's
+// model name), a table of median times and the lowest sparsity from which the sparse kernel stays
+// faster, per shape and path, and the 2:4 row with the weight's bytes dense and 2:4.
 // Run: OMP_NUM_THREADS=1 build/release/bench/bench_sparse_gemm [repeats] (one thread: the figures in
 // docs/TECHNIQUES.md; more threads on a shared machine measure the neighbours)
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "models/compress/sparse_24.h"
 #include "models/compress/sparse_format.h"
 #include "ops/cpu_gemm.h"
 #include "ops/ops.h"
@@ -109,6 +111,18 @@ int main(int argc, char** argv) {
         if (ms >= dense) crossover[i] = -1.0;  // must stay faster from there on
       }
       std::printf("\n");
+    }
+    {  // 2:4: half the weights, regular, no bitmask scan
+      Tensor w = clone(w0);
+      prune_24_(w);
+      const Sparse24 s24 = to_sparse_24(w);
+      std::printf("%9s", "2:4");
+      for (SparseGemmPath p : paths) {
+        const double ms = median_ms(repeats, [&] { sparse24_linear(x, s24.values, s24.meta, s.N, b, p); });
+        std::printf(" %15.3f %8.2fx", ms, dense / ms);
+      }
+      std::printf("   weight %.2f MiB dense -> %.2f MiB 2:4\n", double(w.nbytes()) / 1048576.0,
+                  double(s24.nbytes()) / 1048576.0);
     }
     for (size_t i = 0; i < paths.size(); ++i) {
       if (crossover[i] >= 0)

@@ -33,4 +33,11 @@ Tensor bitmask_linear(const Tensor& x, const Tensor& bits, const Tensor& values,
                       int64_t out_features, const Tensor& bias = Tensor(),
                       std::optional<SparseGemmPath> path = std::nullopt);
 
+// 2:4 semi-structured (models/compress/sparse_24.h): W (N, K), K % 4 == 0, as values (N, K/2) f32
+// and meta (N, ceil(K/8)) u8 (two 2-bit column indices per group of 4). x: (..., K) f32 cpu ->
+// (..., N): N K M / 2 multiply-adds, no bitmask scan (every row keeps 2 of each 4). Same rules as
+// bitmask_linear: inference only, paths bit-identical to the scalar one, scratch as workspace.
+Tensor sparse24_linear(const Tensor& x, const Tensor& values, const Tensor& meta, int64_t out_features,
+                       const Tensor& bias = Tensor(), std::optional<SparseGemmPath> path = std::nullopt);
+
 }  // namespace mg

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "autograd/grad_mode.h"
 #include "core/error.h"
+#include "models/compress/sparse_24.h"
 #include "models/compress/sparse_format.h"
 #include "models/nn/layers.h"
 #include "ops/ops.h"
@@ -98,7 +100,21 @@ NamedTensors prunable_weights(Module& model) {
 MagnitudeMask::MagnitudeMask(Module& model, double amount, PruneScope scope) : weights_(prunable_weights(model)) {
   MG_CHECK(!weights_.empty(), "prune: the model has no Linear or Conv2d weights to prune");
   prune_weights(weights_, amount, scope);
-  // The masks: a bit per weight still nonzero (a weight that was exactly zero counts as pruned).
+  make_masks();
+}
+
+MagnitudeMask MagnitudeMask::two_four(Module& model) {
+  MagnitudeMask m;
+  m.weights_ = prunable_24_weights(model);
+  MG_CHECK(!m.weights_.empty(), "prune: 2:4 needs a Linear or 1x1 Conv2d whose input width is a multiple of 4; the "
+           "model has none");
+  for (const auto& [_, w] : m.weights_) prune_24_(w);
+  m.make_masks();
+  return m;
+}
+
+void MagnitudeMask::make_masks() {
+  // A bit per weight still nonzero (a weight that was exactly zero counts as pruned).
   MemoryCategoryGuard guard(MemoryCategory::other);
   for (const auto& [name, w] : weights_) masks_.emplace_back(name, nonzero_bits(w));
 }
@@ -113,18 +129,22 @@ void MagnitudeMask::prune_to(double amount, PruneScope scope) {
   }
 }
 
-MagnitudeMask::MagnitudeMask(Module& model, const NamedTensors& masks) : weights_(prunable_weights(model)) {
+MagnitudeMask::MagnitudeMask(Module& model, const NamedTensors& masks) {
+  const NamedTensors all = prunable_weights(model);
   std::map<std::string, Tensor> by_name(masks.begin(), masks.end());
-  MG_CHECK(by_name.size() == weights_.size(), "prune: ", masks.size(), " masks for a model with ", weights_.size(),
-           " prunable weights");
+  MG_CHECK(!by_name.empty(), "prune: 0 masks for a model with ", all.size(), " prunable weights");
   MemoryCategoryGuard guard(MemoryCategory::other);
-  for (const auto& [name, w] : weights_) {
+  for (const auto& [name, w] : all) {
     auto it = by_name.find(name);
-    MG_CHECK(it != by_name.end(), "prune: no mask for weight '", name, "'");
+    if (it == by_name.end()) continue;  // not masked (e.g. a depthwise conv under 2:4)
     MG_CHECK(it->second.dtype() == DType::u8 && it->second.numel() == (w.numel() + 7) / 8, "prune: the mask of '",
              name, "' has ", it->second.numel(), " bytes; its weight ", w.shape(), " needs ", (w.numel() + 7) / 8);
+    weights_.emplace_back(name, w);
     masks_.emplace_back(name, it->second.device().is_cpu() ? contiguous(it->second) : to(it->second, kCPU));
+    by_name.erase(it);
   }
+  MG_CHECK(by_name.empty(), "prune: a mask for '", by_name.empty() ? "" : by_name.begin()->first,
+           "', which is not a Linear or Conv2d weight of the model");
   apply();
 }
 

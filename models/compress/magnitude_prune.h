@@ -19,8 +19,12 @@ class MagnitudeMask {
   // Computes the masks of `model`'s Linear and Conv2d weights (cpu) and zeroes the pruned weights.
   // amount in [0, 1): the fraction of those weights removed.
   MagnitudeMask(Module& model, double amount, PruneScope scope);
-  // Masks read back (masks_state() of a previous mask) for the same model; applied at once.
+  // Masks read back (masks_state() of a previous mask) for the same model; applied at once. They
+  // may cover a subset of the prunable weights (2:4 masks cover prunable_24_weights only).
   MagnitudeMask(Module& model, const NamedTensors& masks);
+  // 2:4 semi-structured (sparse_24.h): the 2 smallest |w| of every group of 4 along each row of
+  // every weight in prunable_24_weights(model) are zeroed and masked (50% of those weights).
+  static MagnitudeMask two_four(Module& model);
 
   void apply();  // zeroes every masked weight again (after an optimizer step)
   // Raises the sparsity to `amount` (gradual pruning, gradual_schedule.h): the smallest |w| among
@@ -35,6 +39,8 @@ class MagnitudeMask {
   double sparsity() const { return masked_elements() ? double(pruned_elements()) / double(masked_elements()) : 0.0; }
 
  private:
+  MagnitudeMask() = default;
+  void make_masks();      // masks_ from the zeros of weights_
   NamedTensors weights_;  // the masked parameters, in model order
   NamedTensors masks_;    // their bitmasks, same order
 };

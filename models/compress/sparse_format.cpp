@@ -1,6 +1,8 @@
 // Bitmask + packed values (see sparse_format.h).
 #include "models/compress/sparse_format.h"
 
+#include "models/compress/sparse_24.h"
+
 #include <cstring>
 #include <map>
 #include <sstream>
@@ -15,6 +17,9 @@ namespace {
 constexpr const char* kBits = ".__bits";
 constexpr const char* kValues = ".__values";
 constexpr const char* kMetaPrefix = "sparse.";
+constexpr const char* k24Values = ".__24values";
+constexpr const char* k24Meta = ".__24meta";
+constexpr const char* k24MetaPrefix = "sparse24.";
 
 void check_host(const Tensor& t, const char* op) {
   MG_CHECK(t.defined() && t.device().is_cpu() && t.is_contiguous(), op, ": expected a contiguous cpu tensor");
@@ -112,12 +117,20 @@ Tensor to_dense(const BitmaskSparse& s) {
   return out;
 }
 
-int64_t save_sparse_safetensors(const std::string& path, const NamedTensors& tensors) {
+int64_t save_sparse_safetensors(const std::string& path, const NamedTensors& tensors, SparseLayout layout) {
   NamedTensors entries;
   std::map<std::string, std::string> meta{{"format", "memgrad-bitmask-sparse"}};
   int64_t bytes = 0;
   for (const auto& [name, t0] : tensors) {
     const Tensor t = t0.device().is_cpu() ? contiguous(t0) : to(t0, kCPU);
+    if (layout == SparseLayout::two_four && is_floating(t.dtype()) && t.numel() > 0 && is_24_sparse(t)) {
+      Sparse24 s = to_sparse_24(t);
+      entries.emplace_back(name + k24Values, s.values);
+      entries.emplace_back(name + k24Meta, s.meta);
+      meta[k24MetaPrefix + name] = shape_text(t.shape());
+      bytes += s.nbytes();
+      continue;
+    }
     if (is_floating(t.dtype()) && t.numel() > 0) {
       BitmaskSparse s = to_bitmask_sparse(t);
       if (s.nbytes() < int64_t(t.nbytes())) {
@@ -146,7 +159,21 @@ NamedTensors load_sparse_safetensors(const std::string& path, int64_t* stored_by
   }
   NamedTensors out;
   for (const auto& [name, t] : file) {
-    if (ends_with(name, kValues)) continue;  // read with its bits
+    if (ends_with(name, kValues) || ends_with(name, k24Meta)) continue;  // read with its bits / values
+    if (ends_with(name, k24Values)) {
+      const std::string base = name.substr(0, name.size() - std::strlen(k24Values));
+      auto m = meta.find(k24MetaPrefix + base);
+      auto mt = parts.find(base + k24Meta);
+      MG_CHECK(m != meta.end() && mt != parts.end(), "load_sparse_safetensors: '", path, "': 2:4 entry '", base,
+               "' lacks its ", m == meta.end() ? "shape in the metadata" : "metadata tensor");
+      const std::string what = "load_sparse_safetensors: '" + path + "': entry '" + base + "'";
+      try {
+        out.emplace_back(base, to_dense(Sparse24{.shape = parse_shape(m->second, what), .values = t, .meta = mt->second}));
+      } catch (const Error& e) {
+        MG_THROW(what, ": ", e.what());
+      }
+      continue;
+    }
     if (!ends_with(name, kBits)) {
       out.emplace_back(name, t);
       continue;
@@ -158,7 +185,7 @@ NamedTensors load_sparse_safetensors(const std::string& path, int64_t* stored_by
              "' lacks its ", m == meta.end() ? "shape in the metadata" : "values");
     const std::string what = "load_sparse_safetensors: '" + path + "': entry '" + base + "'";
     try {
-      out.emplace_back(base, to_dense({.shape = parse_shape(m->second, what), .bits = t, .values = v->second}));
+      out.emplace_back(base, to_dense(BitmaskSparse{.shape = parse_shape(m->second, what), .bits = t, .values = v->second}));
     } catch (const Error& e) {
       MG_THROW(what, ": ", e.what());
     }

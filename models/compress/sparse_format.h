@@ -29,10 +29,17 @@ struct BitmaskSparse {
 BitmaskSparse to_bitmask_sparse(const Tensor& dense);  // cpu
 Tensor to_dense(const BitmaskSparse& s);                // a new cpu tensor
 
-// Writes `tensors`, each as bitmask + values when that is smaller than dense. Returns the tensor
-// bytes written (excluding the header).
-int64_t save_sparse_safetensors(const std::string& path, const NamedTensors& tensors);
-// Reads such a file back to dense tensors (file order of the dense entries and first parts).
+// How save_sparse_safetensors stores a sparse tensor. two_four: a tensor of >= 2 dims that is 2:4
+// sparse (sparse_24.h) as "<name>.__24values" + "<name>.__24meta" (shape in the metadata key
+// "sparse24.<name>"), the layout Sparse24Linear runs from; any other as with bitmask.
+enum class SparseLayout { bitmask, two_four };
+
+// Writes `tensors`, each as bitmask + values when that is smaller than dense (or 2:4, above).
+// Returns the tensor bytes written (excluding the header).
+int64_t save_sparse_safetensors(const std::string& path, const NamedTensors& tensors,
+                                SparseLayout layout = SparseLayout::bitmask);
+// Reads such a file (either layout) back to dense tensors (file order of the dense entries and
+// first parts).
 // stored_bytes (optional): the tensor bytes the file holds. Throws naming the file and entry
 // on a malformed sparse entry.
 NamedTensors load_sparse_safetensors(const std::string& path, int64_t* stored_bytes = nullptr);

@@ -34,12 +34,26 @@ class SparseLinear : public Linear {
   SparseLinear(int64_t in, int64_t out);
 };
 
+// x: (..., in) f32 cpu -> (..., out), the weight 2:4 sparse (sparse_24.h) and multiplied by
+// sparse24_linear: 2 + 1/8 bytes per weight element instead of 4, half the multiply-adds.
+class Sparse24Linear : public Linear {
+ public:
+  // src's weight must be 2:4 sparse (cpu, f32, in_features % 4 == 0); its bias shared.
+  static std::shared_ptr<Sparse24Linear> from_float(const Linear& src);
+  Tensor forward(const Tensor& x) override;
+  Tensor weight_values;  // (out, in / 2) f32: the kept values of each group of 4
+  Tensor weight_meta;    // (out, ceil(in / 8)) u8: their 2-bit column indices, two groups a byte
+
+ private:
+  Sparse24Linear(int64_t in, int64_t out);
+};
+
 struct SparsifyCounts {
-  int64_t sparse = 0, dense = 0;  // block Linears swapped / left dense (below the threshold)
+  int64_t sparse = 0, sparse24 = 0, dense = 0;  // block Linears made bitmask / 2:4 sparse, left dense
 };
 // Every Linear of every block of `model` (cpu, f32) whose weight is at least `min_sparsity` zeros
-// becomes a SparseLinear; the dense weight is released when nothing else holds it. The model is
-// for inference afterwards (eval, sample, no training).
+// becomes a SparseLinear, else one whose weight is 2:4 sparse a Sparse24Linear; the dense weight
+// is released when nothing else holds it. The model is for inference afterwards (eval, sample).
 SparsifyCounts sparsify_gpt(GPT& model, double min_sparsity = kSparseKernelMinSparsity);
 
 }  // namespace mg

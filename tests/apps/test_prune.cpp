@@ -15,6 +15,7 @@
 #include "apps/prune_sweep.h"
 #include "apps/vision_train.h"
 #include "core/safetensors.h"
+#include "models/compress/sparse_24.h"
 #include "models/compress/sparse_format.h"
 
 using namespace mg;
@@ -85,6 +86,24 @@ TEST_CASE("prune command: gpt structured run directory samples, resumes and is s
   CHECK(prune_report(r).find("parameter bytes") != std::string::npos);
 }
 
+TEST_CASE("prune command: --finetune-lr gives the fine-tune its own cosine", "[prune][apps]") {
+  DataTempDir tmp("prune_gpt_ftlr");
+  const std::string run = tiny_gpt_run(tmp, "run");
+  const std::string out = tmp.file("ftlr");
+  run_prune_cli({"prune", "--run", run, "--out", out, "--amount", "0.5", "--finetune-steps", "3", "--finetune-lr", "0.005"});
+  std::vector<double> lr;
+  for (const std::string& v : metrics_column(out, "lr")) lr.push_back(std::stod(v));
+  REQUIRE(lr.size() == 7);  // the source's 4 steps, then 3 fine-tune steps
+  CHECK(lr[4] == Approx(0.005));             // the peak at the pruned step
+  CHECK(lr[5] < lr[4]);                      // then the cosine falls
+  CHECK(lr[6] > 0.005 * 0.1);                // towards the run's min/peak ratio (0.1)
+  const nlohmann::json s = RunDir(out).read_config().at("schedule");
+  CHECK(s.at("warmup_steps") == 4);
+  CHECK(s.at("total_steps") == 7);
+  CHECK_THROWS_WITH(prune_run({.run = run, .out = tmp.file("bad"), .finetune_lr = -1.0}),
+                    Catch::Contains("--finetune-lr must be >= 0"));
+}
+
 TEST_CASE("prune command: gpt unstructured stores the weights sparse and keeps them at zero through fine-tuning", "[prune][apps]") {
   DataTempDir tmp("prune_gpt_sparse");
   const std::string run = tiny_gpt_run(tmp, "run");
@@ -117,6 +136,43 @@ TEST_CASE("prune command: gpt unstructured stores the weights sparse and keeps t
   CHECK(gpt_eval({.run = run}).sparse_layers == 0);  // an unpruned run stays dense
   CHECK(gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0}).continuation ==
         gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0, .dense = true}).continuation);
+}
+
+TEST_CASE("prune command: 2:4 stores the 2:4 layout, keeps the pattern through fine-tuning, runs sparse", "[prune][apps][sparse24]") {
+  DataTempDir tmp("prune_gpt_24");
+  const std::string run = tiny_gpt_run(tmp, "run");
+  const std::string out = tmp.file("p24");
+  run_prune_cli({"prune", "--run", run, "--out", out, "--method", "2:4", "--finetune-steps", "2"});
+  const nlohmann::json cfg = RunDir(out).read_config();
+  CHECK(cfg.at("pruning").at("pattern") == "2:4");
+  CHECK(cfg.at("pruning").at("sparsity").get<double>() == 0.5);
+  int64_t checked = 0;
+  for (auto& [name, t] : load_safetensors(RunDir(out).checkpoint_dir() + "/model.safetensors"))
+    if (t.dim() == 2 && name.find(".c_") != std::string::npos) {
+      CHECK(is_24_sparse(t));
+      ++checked;
+    }
+  CHECK(checked == 8);
+  int64_t entries24 = 0;
+  for (auto& [name, t] : load_safetensors(RunDir(out).file("model.sparse.safetensors")))
+    entries24 += name.find(".__24values") != std::string::npos;
+  CHECK(entries24 == 8);
+
+  PruneResult r = prune_run({.run = run, .out = tmp.file("p24b"), .method = "2:4", .progress = ProgressStyle::none});
+  CHECK(r.sparsity == 0.5);
+  CHECK(r.sparse_weight_bytes * 16 == r.dense_weight_bytes * 17 / 2);  // 2 + 1/8 bytes for 4
+  CHECK(prune_report(r).find("2:4 values+indices") != std::string::npos);
+  const GptEvalResult sparse = gpt_eval({.run = r.out_dir});
+  const GptEvalResult dense = gpt_eval({.run = r.out_dir, .dense = true});
+  CHECK(sparse.sparse_layers == 8);
+  CHECK(sparse.loss == Approx(dense.loss).epsilon(1e-5));
+  CHECK(sparse.weight_bytes < dense.weight_bytes);
+  CHECK(gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0}).continuation ==
+        gpt_sample({.run = r.out_dir, .prompt = "the ", .tokens = 4, .temperature = 0, .dense = true}).continuation);
+  CHECK_THROWS_WITH(prune_run({.run = run, .out = tmp.file("bad"), .method = "2:4", .amount = 0.3}),
+                    Catch::Contains("leave --amount at 0.5"));
+  CHECK_THROWS_WITH(prune_sweep({.run = run, .out = tmp.file("bad"), .method = "2:4"}, {0.0, 0.5}),
+                    Catch::Contains("--method 2:4 has a single one"));
 }
 
 TEST_CASE("prune command: gradual schedule raises the sparsity while fine-tuning and reaches the final one", "[prune][apps]") {
@@ -190,7 +246,7 @@ TEST_CASE("prune command: bad input is a clear error", "[prune][apps]") {
   fails({.criterion = "bn"}, "has no BatchNorm");
   fails({.criterion = "l3"}, "unknown criterion 'l3'");
   fails({.method = "unstructured", .criterion = "taylor"}, "applies to --method structured");
-  fails({.method = "lottery"}, "--method must be structured or unstructured");
+  fails({.method = "lottery"}, "--method must be structured, unstructured or 2:4");
   fails({.target = "layers"}, "--target must be mlp, heads or mlp+heads");
   fails({.target = "expansion"}, "--target must be mlp, heads or mlp+heads");
   fails({.scope = "model"}, "unknown scope 'model'");

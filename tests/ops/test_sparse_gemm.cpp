@@ -1,12 +1,14 @@
 // The bitmask sparse x dense GEMM (ops/sparse_gemm.h): every path this CPU has gives the same bits
 // as the scalar reference and matches the dense linear op on the same weights (zeros included)
 // at sparsities 0 to 100%, for M below, at and past the 64-column register tile and K that is not
-// a multiple of 8 (rows that start mid-byte in the bitmask); bad operands are clear errors.
+// a multiple of 8 (rows that start mid-byte in the bitmask); bad operands are clear errors. The 2:4
+// kernel likewise, for row counts around its 8- and 4-row blocks and odd group counts.
 #include <catch2/catch.hpp>
 
 #include <cstdio>
 
 #include "autograd/grad_mode.h"
+#include "models/compress/sparse_24.h"
 #include "models/compress/sparse_format.h"
 #include "ops/ops.h"
 #include "ops/sparse_gemm.h"
@@ -82,4 +84,50 @@ TEST_CASE("sparse gemm: the best path is one this CPU runs; bad operands are cle
     EnableGradGuard grad;
     CHECK_THROWS_WITH(bitmask_linear(leaf(x), s.bits, s.values, off, 8), Catch::Contains("inference only"));
   }
+}
+
+TEST_CASE("sparse gemm 2:4: every path equals the scalar reference and the dense linear", "[prune][sparse24]") {
+  const int64_t N = GENERATE(1, 37);  // 37: blocks of 8 (AVX-512) and 4 (AVX2) rows plus the rest
+  const int64_t K = GENERATE(4, 12, 64);
+  const int64_t M = GENERATE(1, 16, 100);
+  Tensor w = rand_tensor({N, K}, 21 + uint64_t(K), DType::f32);
+  prune_24_(w);
+  const Sparse24 s = to_sparse_24(w);
+  Tensor b = rand_tensor({N}, 5, DType::f32);
+  Tensor x = rand_tensor({M, K}, 7, DType::f32);
+  NoGradGuard no_grad;
+  const Tensor ref = sparse24_linear(x, s.values, s.meta, N, b, SparseGemmPath::scalar);
+  std::string why;
+  CHECK(all_close(ref.to_double_vector(), linear(x, w, b).to_double_vector(), 1e-5, 1e-5, &why));
+  INFO(why);
+  for (SparseGemmPath path : {SparseGemmPath::avx2, SparseGemmPath::avx512}) {
+    if (!sparse_gemm_path_supported(path)) {
+      std::printf("skipped: this CPU has no %s path\n", sparse_gemm_path_name(path));
+      continue;
+    }
+    CHECK(sparse24_linear(x, s.values, s.meta, N, b, path).to_double_vector() == ref.to_double_vector());
+  }
+  Tensor x3 = rand_tensor({2, 3, K}, 9, DType::f32);  // batched, no bias, the best path
+  const Tensor y3 = sparse24_linear(x3, s.values, s.meta, N);
+  CHECK(y3.shape() == Shape{2, 3, N});
+  CHECK(all_close(y3.to_double_vector(), linear(x3, w).to_double_vector(), 1e-5, 1e-5));
+}
+
+TEST_CASE("sparse gemm 2:4: bad operands are clear errors", "[prune][sparse24]") {
+  Tensor w = rand_tensor({8, 16}, 3, DType::f32);
+  prune_24_(w);
+  const Sparse24 s = to_sparse_24(w);
+  Tensor x = rand_tensor({4, 16}, 1, DType::f32);
+  NoGradGuard no_grad;
+  CHECK_THROWS_WITH(sparse24_linear(rand_tensor({4, 14}, 1, DType::f32), s.values, s.meta, 8),
+                    Catch::Contains("multiple of 4, got 14"));
+  CHECK_THROWS_WITH(sparse24_linear(rand_tensor({4, 12}, 1, DType::f32), s.values, s.meta, 8),
+                    Catch::Contains("are (8, 6) contiguous f32"));
+  CHECK_THROWS_WITH(sparse24_linear(x, s.values, slice(s.meta, 0, 0, 7), 8), Catch::Contains("is (8, 2) contiguous u8"));
+  CHECK_THROWS_WITH(sparse24_linear(x, s.values, s.meta, 8, rand_tensor({7}, 1, DType::f32)),
+                    Catch::Contains("bias must be (8)"));
+  CHECK_THROWS_WITH(sparse24_linear(rand_tensor({4, 16}, 1, DType::f64), s.values, s.meta, 8),
+                    Catch::Contains("expected an f32 cpu input"));
+  EnableGradGuard grad;
+  CHECK_THROWS_WITH(sparse24_linear(leaf(x), s.values, s.meta, 8), Catch::Contains("inference only"));
 }
