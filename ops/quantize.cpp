@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "ops/int8_gemm.h"
+#include "ops/int8_requant.h"
 #include "ops/ops.h"
 
 namespace mg {
