@@ -4,8 +4,8 @@
 // reports where the time goes: stem (f32 3x3 conv on int8 weights), the 17 inverted-residual
 // blocks, head (last 1x1 conv, pooling, classifier), in ms per batch.
 // Run the cases interleaved, so load from other processes hits them alike, and read the medians:
-//   build/release/bench/bench_int8_mobilenet --benchmark_repetitions=5 \
-//     --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
+//   build/release/bench/bench_int8_mobilenet --benchmark_repetitions=5
+//       --benchmark_enable_random_interleaving=true --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
 
 #include <chrono>

@@ -60,23 +60,74 @@ void weight_pairs(const Int8DepthwiseShape& s, const int8_t* w, const Plan& p, i
   }
 }
 
+// dst[k] = src[k] - z, k < n (SSE2, which every x86-64 has, 16 at a time).
+void widen_row(const uint8_t* src, int64_t n, int16_t z, int16_t* dst) {
+  int64_t k = 0;
+#if defined(__SSE2__)
+  const __m128i zero = _mm_setzero_si128(), vz = _mm_set1_epi16(z);
+  for (; k + 16 <= n; k += 16) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + k));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), _mm_sub_epi16(_mm_unpacklo_epi8(v, zero), vz));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k + 8), _mm_sub_epi16(_mm_unpackhi_epi8(v, zero), vz));
+  }
+  for (; k + 8 <= n; k += 8) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + k));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + k), _mm_sub_epi16(_mm_unpacklo_epi8(v, zero), vz));
+  }
+#endif
+  for (; k < n; ++k) dst[k] = int16_t(int16_t(src[k]) - z);
+}
+
+// even[k] = src[2k] - z, odd[k] = src[2k + 1] - z for 2k (+ 1) < n.
+void split_row(const uint8_t* src, int64_t n, int16_t z, int16_t* even, int16_t* odd) {
+  int64_t k = 0;
+#if defined(__SSE2__)
+  const __m128i low = _mm_set1_epi16(0xff), vz = _mm_set1_epi16(z);
+  for (; 2 * k + 16 <= n; k += 8) {  // 16 bytes = 8 words (src[2k], src[2k + 1])
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * k));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(even + k), _mm_sub_epi16(_mm_and_si128(v, low), vz));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(odd + k), _mm_sub_epi16(_mm_srli_epi16(v, 8), vz));
+  }
+#endif
+  for (; 2 * k < n; ++k) {
+    even[k] = int16_t(int16_t(src[2 * k]) - z);
+    if (2 * k + 1 < n) odd[k] = int16_t(int16_t(src[2 * k + 1]) - z);
+  }
+}
+
 // Writes x - zx of one plane (image i of the block) into the frame, whose padding stays 0.
 void fill_frame(const Int8DepthwiseShape& s, const Plan& p, const uint8_t* x, int32_t zx, int64_t i, int16_t* frame) {
+  const int16_t z = int16_t(zx);
+  if (p.S == 1) {
+    for (int64_t h = 0; h < s.H; ++h) widen_row(x + h * s.W, s.W, z, frame + (i * p.Hq + h + s.padding) * p.Wq + s.padding);
+    return;
+  }
   for (int64_t h = 0; h < s.H; ++h) {
     const uint8_t* src = x + h * s.W;
-    const int64_t r = h + s.padding;
-    const int64_t row = (i * p.Hq + r / p.S) * p.Wq;
-    if (p.S == 1) {
-      int16_t* dst = frame + row + s.padding;
-      for (int64_t w = 0; w < s.W; ++w) dst[w] = int16_t(int32_t(src[w]) - zx);
+    const int64_t r = h + s.padding, row = (i * p.Hq + r / p.S) * p.Wq;
+    // element w = S k + e lies in padded column c = w + P: phase c % S, place c / S = k + (e + P) / S
+    auto dst = [&](int64_t e) {
+      return frame + ((r % p.S) * p.S + (e + s.padding) % p.S) * p.phase + row + (e + s.padding) / p.S;
+    };
+    if (p.S == 2) {
+      split_row(src, s.W, z, dst(0), dst(1));
       continue;
     }
-    for (int64_t b = 0; b < p.S; ++b) {  // column phase b: padded columns b, b + S, ...
-      int16_t* dst = frame + ((r % p.S) * p.S + b) * p.phase + row;
-      const int64_t first = b >= s.padding ? 0 : (s.padding - b + p.S - 1) / p.S;  // first q with q*S + b >= padding
-      for (int64_t q = first, w = q * p.S + b - s.padding; w < s.W; ++q, w += p.S) dst[q] = int16_t(int32_t(src[w]) - zx);
+    for (int64_t e = 0; e < p.S; ++e) {
+      int16_t* d = dst(e);
+      for (int64_t k = 0, w = e; w < s.W; ++k, w += p.S) d[k] = int16_t(int16_t(src[w]) - z);
     }
   }
+}
+
+// Copies n bytes that are few (a row of a narrow output), without a library call per row.
+void copy_small(void* dst, const void* src, size_t n) {
+  auto* d = static_cast<unsigned char*>(dst);
+  const auto* s = static_cast<const unsigned char*>(src);
+  for (; n >= 16; n -= 16, d += 16, s += 16) std::memcpy(d, s, 16);
+  if (n >= 8) std::memcpy(d, s, 8), n -= 8, d += 8, s += 8;
+  if (n >= 4) std::memcpy(d, s, 4), n -= 4, d += 4, s += 4;
+  while (n--) *d++ = *s++;
 }
 
 // acc[f] = sum over taps of w_t * frame[off_t + f], f < Fp.
@@ -171,10 +222,14 @@ void int8_depthwise(const Int8DepthwiseShape& s, const uint8_t* x, int32_t zx, c
   const Plan p = make_plan(s);
   const Int8Isa isa = int8_isa();
   const int64_t OH = s.OH(), OW = s.OW(), plane_in = s.H * s.W, plane_out = OH * OW;
-  const int64_t blocks = (s.N + p.images - 1) / p.images;
-  parallel_for(0, s.C * blocks, 1, [&](int64_t b, int64_t e) {
+  const int64_t blocks = (s.N + p.images - 1) / p.images, items = s.C * blocks;
+  // Narrow outputs (OW < 16) requantize the whole flat block with full vectors, then copy the rows out.
+  const bool flat_epilogue = !out.i32 && OW < 16;
+  parallel_for(0, items, std::max<int64_t>(1, items / 32), [&](int64_t b, int64_t e) {
     std::vector<int16_t> frame(size_t(p.S * p.S * p.phase + kMaxLanes), 0);  // padding stays 0 for every block
     std::vector<int32_t> acc(size_t(p.Fp)), wp(size_t(p.pairs));
+    std::vector<float> flat_f32(flat_epilogue && out.f32 ? size_t(p.Fp) : 0);
+    std::vector<uint8_t> flat_u8(flat_epilogue && out.u8 ? size_t(p.Fp) : 0);
     for (int64_t item = b; item < e; ++item) {
       const int64_t c = item / blocks, n0 = (item % blocks) * p.images, nb = std::min(p.images, s.N - n0);
       for (int64_t i = 0; i < nb; ++i) fill_frame(s, p, x + ((n0 + i) * s.C + c) * plane_in, zx, i, frame.data());
@@ -184,13 +239,18 @@ void int8_depthwise(const Int8DepthwiseShape& s, const uint8_t* x, int32_t zx, c
       else sums_scalar(p, frame.data(), wp.data(), acc.data());
       Requant q = out.q;
       if (!out.i32) q.scale = out.scale[c], q.bias = out.bias ? out.bias[c] : 0.f;
+      const int64_t used = nb * p.Hq * p.Wq;
+      if (flat_epilogue && out.f32) requant_row_f32(acc.data(), used, 0, q, flat_f32.data());
+      if (flat_epilogue && out.u8) requant_row_u8(acc.data(), used, 0, q, flat_u8.data());
       for (int64_t i = 0; i < nb; ++i)
         for (int64_t oh = 0; oh < OH; ++oh) {
-          const int32_t* row = acc.data() + (i * p.Hq + oh) * p.Wq;
+          const int64_t f = (i * p.Hq + oh) * p.Wq;
           const int64_t o = ((n0 + i) * s.C + c) * plane_out + oh * OW;
-          if (out.i32) std::memcpy(out.i32 + o, row, size_t(OW) * sizeof(int32_t));
-          else if (out.f32) requant_row_f32(row, OW, 0, q, out.f32 + o);
-          else requant_row_u8(row, OW, 0, q, out.u8 + o);
+          if (out.i32) std::memcpy(out.i32 + o, acc.data() + f, size_t(OW) * sizeof(int32_t));
+          else if (flat_epilogue && out.f32) copy_small(out.f32 + o, flat_f32.data() + f, size_t(OW) * sizeof(float));
+          else if (flat_epilogue) copy_small(out.u8 + o, flat_u8.data() + f, size_t(OW));
+          else if (out.f32) requant_row_f32(acc.data() + f, OW, 0, q, out.f32 + o);
+          else requant_row_u8(acc.data() + f, OW, 0, q, out.u8 + o);
         }
     }
   });
