@@ -39,6 +39,22 @@ inline __m256 requant_lanes(const int32_t* acc, __m256i corr, __m256 s, __m256 b
 }
 #endif
 
+// dst[i] = quantize_u8(x[i], inv_scale, zero), i < n: f32 activations into an int8 layer's input.
+inline void quantize_row_u8(const float* x, int64_t n, float inv_scale, int32_t zero, uint8_t* dst) {
+  int64_t i = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 inv = _mm256_set1_ps(inv_scale), vz = _mm256_set1_ps(float(zero)), top = _mm256_set1_ps(255.f);
+  for (; i + 8 <= n; i += 8) {
+    __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, vz), _mm256_setzero_ps()), top);  // max(NaN, 0) = 0
+    const __m256i v = _mm256_cvttps_epi32(r);
+    const __m128i w = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i), _mm_packus_epi16(w, w));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = quantize_u8(x[i], inv_scale, zero);
+}
+
 // dst[i] = q.f32(acc[i] - corr), i < n.
 inline void requant_row_f32(const int32_t* acc, int64_t n, int32_t corr, const Requant& q, float* dst) {
   int64_t i = 0;

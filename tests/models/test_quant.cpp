@@ -110,6 +110,21 @@ TEST_CASE("choose_qparams_u8 and per-tensor quantization keep zero exact", "[qua
   CHECK_THROWS_WITH(choose_qparams_u8(2.f, 1.f), Catch::Contains("invalid range"));
 }
 
+TEST_CASE("quantize_per_tensor equals quantize_u8 element by element (ties, NaN, huge values, tails)", "[quant]") {
+  const ActivationQParams p = choose_qparams_u8(-1.f, 3.f);
+  std::vector<double> v;
+  for (int i = 0; i < 37; ++i) v.push_back(-1.3 + 0.137 * i);
+  v[3] = 2.5 * p.scale;  // a tie
+  v[5] = 1e30;
+  v[6] = -1e30;
+  v[9] = std::nan("");
+  const Tensor q = quantize_per_tensor(from_vector(v, {int64_t(v.size())}, {.dtype = DType::f32}), p);
+  const uint8_t* qp = q.data<uint8_t>();
+  for (size_t i = 0; i < v.size(); ++i)
+    if (qp[i] != quantize_u8(float(v[i]), 1.f / p.scale, p.zero_point)) FAIL_CHECK("element " << i);
+  CHECK(qp[9] == 0);
+}
+
 TEST_CASE("observers: minmax, ema, percentile, and no batches is an error", "[quant]") {
   Observer mm({.kind = ObserverKind::minmax});
   CHECK_THROWS_WITH(mm.qparams(), Catch::Contains("no calibration batch"));
