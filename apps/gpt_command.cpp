@@ -98,10 +98,20 @@ void add_gpt_command(CLI::App& app) {
   eval->callback([e] {
     GptEvalResult r = gpt_eval(*e);
     std::printf("gpt eval: %s  val loss %.4f  perplexity %.3f  (%lld windows, %lld tokens)  %.0f tokens/s  "
-                "weights %.2f MiB%s\n",
+                "weights %.2f MiB  peak %.2f MiB%s\n",
                 e->run.c_str(), r.loss, r.perplexity, (long long)r.windows, (long long)r.tokens, r.tokens_per_s,
-                double(r.weight_bytes) / 1048576.0,
+                double(r.weight_bytes) / 1048576.0, double(r.peak_bytes) / 1048576.0,
                 r.sparse_layers ? (", " + std::to_string(r.sparse_layers) + " sparse layers").c_str() : "");
+    if (!r.scheme.empty()) {
+      std::printf("  %-18s %10s %14s %12s %10s\n", "", "val loss", "weight bytes", "peak bytes", "tokens/s");
+      std::printf("  %-18s %10.5f %14lld %12lld %10.0f\n", "fp32 (source run)", r.fp32_loss,
+                  (long long)r.fp32_weight_bytes, (long long)r.fp32_peak_bytes, r.fp32_tokens_per_s);
+      std::printf("  %-18s %10.5f %14lld %12lld %10.0f\n", r.scheme.c_str(), r.loss, (long long)r.weight_bytes,
+                  (long long)r.peak_bytes, r.tokens_per_s);
+      std::printf("  val loss %+.3f%%, weight bytes %.2fx smaller, tokens/s %.2fx\n",
+                  100 * (r.loss - r.fp32_loss) / r.fp32_loss, double(r.fp32_weight_bytes) / double(r.weight_bytes),
+                  r.fp32_tokens_per_s > 0 ? r.tokens_per_s / r.fp32_tokens_per_s : std::nan(""));
+    }
   });
 }
 

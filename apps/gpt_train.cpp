@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "apps/ddp_setup.h"
+#include "apps/quantize.h"
 #include "apps/run_dir.h"
 #include "apps/run_plan.h"
 #include "apps/run_setup.h"
@@ -25,6 +26,7 @@
 #include "data/token_window_dataset.h"
 #include "data/tokenizer.h"
 #include "models/compress/quant_convert.h"
+#include "models/compress/quant_format.h"
 #include "models/compress/sparse_linear.h"
 #include "ops/ops.h"
 #include "optim/optim.h"
@@ -295,9 +297,31 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   return r;
 }
 
+namespace {
+
+// Whether `dir` is a quantized run (memgrad quantize): a config with a "quantized" section.
+bool is_quantized_run(const std::string& dir) {
+  RunDir q(dir);
+  return q.has_config() && q.read_config().contains(kQuantizedConfigKey);
+}
+
+// The int8 GPT of a quantized run, loaded from its file.
+std::shared_ptr<GPT> load_quantized_gpt(const RunDir& run, const nlohmann::json& config, Device device,
+                                        std::string* scheme, const char* cmd) {
+  const nlohmann::json& q = config.at(kQuantizedConfigKey);
+  LoadedQuantizedModel l = load_quantized(run.file(q.value("file", std::string(kQuantizedModelFile))), device);
+  auto model = std::dynamic_pointer_cast<GPT>(l.model);
+  MG_CHECK(model, cmd, ": the quantized model of '", run.path(), "' is a ", l.info.model, ", not a GPT");
+  if (scheme) *scheme = l.info.scheme;
+  return model;
+}
+
+}  // namespace
+
 GptEvalResult gpt_eval(const GptEvalOptions& o) {
   constexpr const char* cmd = "gpt eval";
-  RunDir run = existing_run_dir(o.run, cmd);
+  const bool quantized = is_quantized_run(o.run);
+  RunDir run = quantized ? RunDir(o.run) : existing_run_dir(o.run, cmd);  // a quantized run has no checkpoint
   const nlohmann::json config = run.read_config();
   MG_CHECK(config.value("command", "") == kCmd, cmd, ": '", o.run, "' is a '", config.value("command", "?"),
            "' run, not a gpt train run");
@@ -323,21 +347,45 @@ GptEvalResult gpt_eval(const GptEvalOptions& o) {
   const int64_t batch = o.batch > 0 ? o.batch : config.value("batch", int64_t(8));
   auto val = validation_windows(file, region, cfg.context, windows);
 
-  Generator scratch(0);  // initial values are overwritten by the checkpoint
-  GPT model(cfg, {.gen = &scratch, .device = device});
-  const Precision precision = TechniqueOptions{}.from_config(config).precision;
-  apply_precision(model, precision);
-  run.load_weights(model);
   GptEvalResult r;
-  r.sparse_layers = use_sparse_inference(config, model, o.dense);
-  r.weight_bytes = weight_bytes(model);
+  std::shared_ptr<GPT> model;
+  Precision precision = Precision::fp32;  // an int8 model computes in f32
+  if (quantized) {
+    model = load_quantized_gpt(run, config, device, &r.scheme, cmd);
+  } else {
+    Generator scratch(0);  // initial values are overwritten by the checkpoint
+    model = std::make_shared<GPT>(cfg, InitOptions{.gen = &scratch, .device = device});
+    precision = TechniqueOptions{}.from_config(config).precision;
+    apply_precision(*model, precision);
+    run.load_weights(*model);
+    r.sparse_layers = use_sparse_inference(config, *model, o.dense);
+  }
+  r.weight_bytes = weight_bytes(*model);
+  reset_peak_stats(device);
   const auto t0 = std::chrono::steady_clock::now();
-  r.loss = validation_loss(model, val, batch, device, precision);
+  r.loss = validation_loss(*model, val, batch, device, precision);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  r.peak_bytes = memory_stats(device).allocated.peak;
   r.perplexity = std::exp(r.loss);
   r.windows = val->size();
   r.tokens = r.windows * cfg.context;
   r.tokens_per_s = secs > 0 ? double(r.tokens) / secs : 0.0;
+  if (quantized) {
+    model.reset();  // the fp32 model's peak without the int8 one beside it
+    const nlohmann::json& q = config.at(kQuantizedConfigKey);
+    const std::string source = q.value("source_run", std::string());
+    if (!source.empty() && RunDir(source).has_config() && !is_quantized_run(source)) {
+      const GptEvalResult f = gpt_eval({.run = source, .data = o.data, .windows = windows, .batch = batch,
+                                        .device = o.device, .dense = true});
+      r.fp32_loss = f.loss;
+      r.fp32_weight_bytes = f.weight_bytes;
+      r.fp32_tokens_per_s = f.tokens_per_s;
+      r.fp32_peak_bytes = f.peak_bytes;
+    } else {
+      r.fp32_loss = q.value("fp32_val_loss", std::nan(""));
+      r.fp32_weight_bytes = q.value("fp32_weight_bytes", int64_t(0));
+    }
+  }
   return r;
 }
 
@@ -350,7 +398,8 @@ int64_t use_sparse_inference(const nlohmann::json& config, GPT& model, bool dens
 }
 
 GptSampleResult gpt_sample(const GptSampleOptions& o) {
-  RunDir run = existing_run_dir(o.run, "gpt sample");
+  const bool quantized = is_quantized_run(o.run);
+  RunDir run = quantized ? RunDir(o.run) : existing_run_dir(o.run, "gpt sample");
   const nlohmann::json config = run.read_config();
   MG_CHECK(config.value("command", "") == kCmd, "gpt sample: '", o.run, "' is a '", config.value("command", "?"),
            "' run, not a gpt train run");
@@ -364,29 +413,34 @@ GptSampleResult gpt_sample(const GptSampleOptions& o) {
   MG_CHECK(o.top_p > 0 && o.top_p <= 1, "gpt sample: --top-p must be in (0, 1], got ", o.top_p);
   const Device device = open_device(o.device, "");
 
-  Generator scratch(0);  // initial values are overwritten by the checkpoint
-  GPT model(cfg, {.gen = &scratch, .device = device});
-  apply_precision(model, TechniqueOptions{}.from_config(config).precision);
-  const ModelParallelOptions split = ModelParallelOptions::from_json(config.value("model_parallel", nlohmann::json()));
-  if (split.split && split.split->kind == SplitSpec::Kind::tensor) {
-    // The checkpoint holds the shards: load them into a split twin, then gather them here.
-    Generator scratch_tp(0);
-    GPT sharded(cfg, {.gen = &scratch_tp, .device = split.devices.front()});
-    apply_precision(sharded, TechniqueOptions{}.from_config(config).precision);
-    apply_tensor_parallel(sharded, split.devices);
-    run.load_weights(sharded);
-    model.load_state_dict(gather_tensor_parallel(sharded, device));
+  std::shared_ptr<GPT> model;
+  if (quantized) {
+    model = load_quantized_gpt(run, config, device, nullptr, "gpt sample");
   } else {
-    run.load_weights(model);
+    Generator scratch(0);  // initial values are overwritten by the checkpoint
+    model = std::make_shared<GPT>(cfg, InitOptions{.gen = &scratch, .device = device});
+    apply_precision(*model, TechniqueOptions{}.from_config(config).precision);
+    const ModelParallelOptions split = ModelParallelOptions::from_json(config.value("model_parallel", nlohmann::json()));
+    if (split.split && split.split->kind == SplitSpec::Kind::tensor) {
+      // The checkpoint holds the shards: load them into a split twin, then gather them here.
+      Generator scratch_tp(0);
+      GPT sharded(cfg, {.gen = &scratch_tp, .device = split.devices.front()});
+      apply_precision(sharded, TechniqueOptions{}.from_config(config).precision);
+      apply_tensor_parallel(sharded, split.devices);
+      run.load_weights(sharded);
+      model->load_state_dict(gather_tensor_parallel(sharded, device));
+    } else {
+      run.load_weights(*model);
+    }
+    use_sparse_inference(config, *model, o.dense);
   }
-  use_sparse_inference(config, model, o.dense);
-  model.eval();
+  model->eval();
   ByteTokenizer tok;
   std::vector<uint32_t> encoded = tok.encode(o.prompt);
   std::vector<int64_t> prompt(encoded.begin(), encoded.end());
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<int64_t> out =
-      model.generate(prompt, o.tokens, {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.seed});
+      model->generate(prompt, o.tokens, {.temperature = o.temperature, .top_k = o.top_k, .top_p = o.top_p, .seed = o.seed});
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::vector<uint32_t> all(out.begin(), out.end());
   GptSampleResult r;

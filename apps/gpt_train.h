@@ -4,6 +4,7 @@
 // gradient clipping, logs metrics.csv and checkpoints into a run directory, and continues from
 // a checkpoint so exactly that the resumed losses equal an uninterrupted run's, bit for bit.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -79,9 +80,18 @@ struct GptEvalResult {
   double tokens_per_s = 0.0;
   int64_t sparse_layers = 0;     // block Linears run by the sparse kernel (a run pruned by magnitude)
   int64_t weight_bytes = 0;      // the model's parameters and buffers as loaded for evaluation
+  int64_t peak_bytes = 0;        // the device's peak allocated bytes during the evaluation
+  // A quantized run (memgrad quantize): its scheme ("int8_weight_only", "int8_outlier") and, when
+  // the fp32 run it came from still exists, that run evaluated the same way in the same process
+  // (else the loss and weight bytes quantize recorded, tokens/s and peak 0). "" and NaN otherwise.
+  std::string scheme{};
+  double fp32_loss = std::nan("");
+  int64_t fp32_weight_bytes = 0, fp32_peak_bytes = 0;
+  double fp32_tokens_per_s = 0.0;
 };
 
-// The validation loss and perplexity of a run's latest weights.
+// The validation loss and perplexity of a run's latest weights, or of the int8 model of a
+// quantized run (config.json has a "quantized" section), next to its fp32 source run.
 GptEvalResult gpt_eval(const GptEvalOptions& options);
 
 // A run pruned by magnitude (`memgrad prune --method unstructured`: its config records sparse

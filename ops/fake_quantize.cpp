@@ -9,7 +9,7 @@
 #include <cmath>
 
 #include "core/parallel.h"
-#include "ops/int8_gemm.h"
+#include "ops/int8_requant.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 

@@ -1,11 +1,14 @@
 // Int8 depthwise convolution on the CPU (MobileNetV2's 3x3 per-channel convs): u8 activations with
 // a zero point, s8 weights (symmetric, one scale per channel), products summed exactly in int32,
-// then the same epilogue as the int8 GEMM (f32 per-channel scale, bias, clamp). Paths: AVX2 over
-// 16 output columns at once for stride 1 (u8 widened to s16, (x - zx) * w fits in s16 exactly:
-// 255 * 127 < 32767, then widened to s32 and summed), scalar for other strides.
-// Every path is bit-identical to int8_depthwise_ref (padding contributes 0: it is the zero point).
+// then ops/int8_requant.h's epilogue: f32 (per-channel scale, bias, clamp: a fused ReLU6) or u8 in
+// the next layer's input quantization. Any stride, kernel size and padding. Paths, chosen at run
+// time (ops/int8_isa.h): AVX-512 VNNI (vpdpwssd, 32 outputs at once), AVX2 (vpmaddwd, 16) and
+// scalar; integer sums are exact, so every path is bit-identical to int8_depthwise_ref.
 #pragma once
 #include <cstdint>
+
+#include "ops/int8_isa.h"
+#include "ops/int8_requant.h"
 
 namespace mg {
 
@@ -16,16 +19,24 @@ struct Int8DepthwiseShape {
   int64_t OW() const { return (W + 2 * padding - K) / stride + 1; }
 };
 
-// Which path is compiled in ("AVX2 (s16 products, s32 sums)" or "scalar int32").
+// Which path int8_isa() selects ("AVX-512 VNNI (vpdpwssd)", "AVX2 (vpmaddwd)" or "scalar int32").
 const char* int8_depthwise_path();
 
-// The specification: out[n][c][oh][ow] = sum_{kh,kw} w[c][kh][kw] * (x[n][c][ih][iw] - zx), int32.
+// The specification: out[n][c][oh][ow] = sum_{kh,kw} w[c][kh][kw] * (x[n][c][ih][iw] - zx), int32,
+// padding read as zx (it contributes 0).
 void int8_depthwise_ref(const Int8DepthwiseShape& s, const uint8_t* x, int32_t zx, const int8_t* w, int32_t* out);
 
-// The fast path: int32 results (tests) or the f32 epilogue
-//   y = min(max(fma(float(acc), scale[c], bias[c] or 0), clamp_lo), clamp_hi).
-void int8_depthwise_i32(const Int8DepthwiseShape& s, const uint8_t* x, int32_t zx, const int8_t* w, int32_t* out);
-void int8_depthwise_f32(const Int8DepthwiseShape& s, const uint8_t* x, int32_t zx, const int8_t* w,
-                        const float* scale, const float* bias, float clamp_lo, float clamp_hi, float* y);
+// What the kernel writes: exactly one of i32 (the raw sums), f32 or u8 (Requant per channel c with
+// scale[c], bias[c] or 0, and the clamp / output quantization of `q`).
+struct Int8DepthwiseOut {
+  int32_t* i32 = nullptr;
+  float* f32 = nullptr;
+  uint8_t* u8 = nullptr;
+  const float* scale = nullptr;  // (C)
+  const float* bias = nullptr;   // (C) or null
+  Requant q;                     // lo, hi, out_inv_scale, out_zero (its scale and bias are per channel)
+};
+void int8_depthwise(const Int8DepthwiseShape& s, const uint8_t* x, int32_t zx, const int8_t* w,
+                    const Int8DepthwiseOut& out);
 
 }  // namespace mg

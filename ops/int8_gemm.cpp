@@ -1,10 +1,12 @@
-// int8 GEMM: packing (A once per weight, B per call with the activation quantization fused in),
-// one register-blocked micro-kernel per path (kMR rows x kNR columns of int32 accumulators), and
-// the epilogue (zero-point correction, requantization to f32 with fma, clamp). Tiles of C are
-// independent and each is summed in k order, so the result does not depend on the thread count.
-// Path layout: A tiles [M/kMR][K/kG][kMR][kG] (repacked from the row-major weight once per call),
-// B panels [N/kNR][K/kG][kNR][kG]; kG consecutive k values sit together because vpdpbusd sums 4
-// byte products and vpmaddwd 2 word products per lane.
+// int8 GEMM: packing (A once per call from the row-major weight, B per call with the activation
+// quantization fused in, or copied from u8 activations), one register-blocked micro-kernel per
+// path (kMR rows x kNR columns of int32 accumulators), and the epilogue (zero-point correction,
+// requantization to f32 or u8, ops/int8_requant.h). Tiles of C are independent and each is summed
+// in k order, so the result does not depend on the thread count. The path is chosen at run time
+// (ops/int8_isa.h): each is a traits struct whose SIMD functions carry their own target
+// attribute, and the drivers are templates over it.
+// Path layout: A tiles [M/kMR][K/kG][kMR][kG], B panels [N/kNR][K/kG][kNR][kG]; kG consecutive k
+// values sit together because vpdpbusd sums 4 byte products and vpmaddwd 2 word products per lane.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
 // GCC 12 false positive on _mm512_undefined_ps() inside AVX-512 intrinsics (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -18,145 +20,194 @@
 #include "core/error.h"
 #include "core/memory_category.h"
 #include "core/parallel.h"
+#include "ops/int8_isa.h"
+
+#define MG_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define MG_TARGET_AVX2 __attribute__((target("avx2,fma")))
 
 namespace mg {
 namespace {
-
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
-#define MG_INT8_VNNI 1
-using AElem = int8_t;
-using BElem = uint8_t;
-constexpr int64_t kG = 4, kNR = 32, kMR = 8, kLanes = 16;
-#elif defined(__AVX2__)
-#define MG_INT8_AVX2 1
-using AElem = int16_t;
-using BElem = int16_t;
-constexpr int64_t kG = 2, kNR = 16, kMR = 4, kLanes = 8;
-#else
-using AElem = int8_t;
-using BElem = uint8_t;
-constexpr int64_t kG = 4, kNR = 16, kMR = 4, kLanes = 16;
-#endif
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Packed buffers are raw bytes (u8 tensors): the AVX2 path's s16 elements have no DType of their own.
 
-// ---- micro-kernels: acc[r][j] = sum_k A[r][k] * B[k][j] over one A tile and one B panel -----------
+// ---- the paths: tile sizes, micro-kernel acc[r][j] = sum_k A[r][k] * B[k][j], lane packers -----
 
-#if defined(MG_INT8_VNNI)
-void micro_kernel(const AElem* a, const BElem* b, int64_t kg, int32_t* acc) {
-  __m512i c[kMR][2];
-  for (int r = 0; r < kMR; ++r) c[r][0] = c[r][1] = _mm512_setzero_si512();
-  for (int64_t kk = 0; kk < kg; ++kk) {
-    const __m512i b0 = _mm512_loadu_si512(b + kk * kNR * kG);
-    const __m512i b1 = _mm512_loadu_si512(b + kk * kNR * kG + 64);
-    for (int r = 0; r < kMR; ++r) {
-      int32_t w;
-      std::memcpy(&w, a + (kk * kMR + r) * kG, 4);  // A[r][4kk..4kk+3], s8
-      const __m512i av = _mm512_set1_epi32(w);
-      c[r][0] = _mm512_dpbusd_epi32(c[r][0], b0, av);  // u8 activations x s8 weights, exact
-      c[r][1] = _mm512_dpbusd_epi32(c[r][1], b1, av);
-    }
-  }
-  for (int r = 0; r < kMR; ++r) {
-    _mm512_storeu_si512(acc + r * kNR, c[r][0]);
-    _mm512_storeu_si512(acc + r * kNR + 16, c[r][1]);
-  }
-}
-#elif defined(MG_INT8_AVX2)
-void micro_kernel(const AElem* a, const BElem* b, int64_t kg, int32_t* acc) {
-  __m256i c[kMR][2];
-  for (int r = 0; r < kMR; ++r) c[r][0] = c[r][1] = _mm256_setzero_si256();
-  for (int64_t kk = 0; kk < kg; ++kk) {
-    const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + kk * kNR * kG));
-    const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + kk * kNR * kG + 16));
-    for (int r = 0; r < kMR; ++r) {
-      int32_t w;
-      std::memcpy(&w, a + (kk * kMR + r) * kG, 4);  // (A[r][2kk], A[r][2kk+1]) as two s16
-      const __m256i av = _mm256_set1_epi32(w);
-      // s16 x s16 pairs summed into s32: |255 * 128| * 2 fits easily, so no saturation.
-      c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(av, b0));
-      c[r][1] = _mm256_add_epi32(c[r][1], _mm256_madd_epi16(av, b1));
-    }
-  }
-  for (int r = 0; r < kMR; ++r) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * kNR), c[r][0]);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * kNR + 8), c[r][1]);
-  }
-}
-#else
-void micro_kernel(const AElem* a, const BElem* b, int64_t kg, int32_t* acc) {
-  std::fill(acc, acc + kMR * kNR, 0);
-  for (int64_t kk = 0; kk < kg; ++kk)
-    for (int r = 0; r < kMR; ++r)
-      for (int j = 0; j < kNR; ++j) {
-        int32_t s = 0;
-        for (int g = 0; g < kG; ++g) s += int32_t(a[(kk * kMR + r) * kG + g]) * int32_t(b[(kk * kNR + j) * kG + g]);
-        acc[r * kNR + j] += s;
+// u8 activations x s8 weights with vpdpbusd, exact.
+struct Vnni {
+  using AElem = int8_t;
+  using BElem = uint8_t;
+  static constexpr int64_t kG = 4, kNR = 32, kMR = 8, kLanes = 16;
+  static constexpr bool kSimd = true;
+
+  MG_TARGET_VNNI static void micro_kernel(const AElem* a, const BElem* b, int64_t kg, int32_t* acc) {
+    __m512i c[kMR][2];
+    for (int r = 0; r < kMR; ++r) c[r][0] = c[r][1] = _mm512_setzero_si512();
+    for (int64_t kk = 0; kk < kg; ++kk) {
+      const __m512i b0 = _mm512_loadu_si512(b + kk * kNR * kG);
+      const __m512i b1 = _mm512_loadu_si512(b + kk * kNR * kG + 64);
+      for (int r = 0; r < kMR; ++r) {
+        int32_t w;
+        std::memcpy(&w, a + (kk * kMR + r) * kG, 4);  // A[r][4kk..4kk+3], s8
+        const __m512i av = _mm512_set1_epi32(w);
+        c[r][0] = _mm512_dpbusd_epi32(c[r][0], b0, av);
+        c[r][1] = _mm512_dpbusd_epi32(c[r][1], b1, av);
       }
-}
-#endif
+    }
+    for (int r = 0; r < kMR; ++r) {
+      _mm512_storeu_si512(acc + r * kNR, c[r][0]);
+      _mm512_storeu_si512(acc + r * kNR + 16, c[r][1]);
+    }
+  }
+
+  // kLanes f32 values quantized to int32 lanes in [0, 255], the arithmetic of quantize_u8.
+  MG_TARGET_VNNI static __m512i quantize_lanes(const float* x, __m512 inv, __m512 zero) {
+    __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm512_add_ps(r, zero);
+    r = _mm512_min_ps(_mm512_max_ps(r, _mm512_setzero_ps()), _mm512_set1_ps(255.f));  // max(NaN, 0) = 0
+    return _mm512_cvttps_epi32(r);
+  }
+
+  // kLanes columns at col0 (contiguous, one group), every k, into the panel at column j.
+  MG_TARGET_VNNI static void pack_lanes_f32(BElem* panel, int64_t j, const float* col0, int64_t row_stride, int64_t K,
+                                            int64_t kg, float inv_scale, int32_t zero) {
+    const __m512 inv = _mm512_set1_ps(inv_scale), zf = _mm512_set1_ps(float(zero));
+    for (int64_t kk = 0; kk < kg; ++kk) {
+      __m512i word = _mm512_setzero_si512();
+      for (int64_t g = 0; g < kG; ++g) {
+        const int64_t k = kk * kG + g;
+        if (k < K)
+          word = _mm512_or_si512(word, _mm512_slli_epi32(quantize_lanes(col0 + k * row_stride, inv, zf), int(8 * g)));
+      }
+      _mm512_storeu_si512(panel + (kk * kNR + j) * kG, word);
+    }
+  }
+
+  // The same from u8: four rows of 16 bytes interleaved into 16 words of (k, k+1, k+2, k+3).
+  MG_TARGET_VNNI static void pack_lanes_u8(BElem* panel, int64_t j, const uint8_t* col0, int64_t row_stride, int64_t K,
+                                           int64_t kg) {
+    for (int64_t kk = 0; kk < kg; ++kk) {
+      __m128i r[4];
+      for (int64_t g = 0; g < 4; ++g) {
+        const int64_t k = kk * 4 + g;
+        r[g] = k < K ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(col0 + k * row_stride)) : _mm_setzero_si128();
+      }
+      const __m128i t0 = _mm_unpacklo_epi8(r[0], r[1]), t1 = _mm_unpackhi_epi8(r[0], r[1]);
+      const __m128i t2 = _mm_unpacklo_epi8(r[2], r[3]), t3 = _mm_unpackhi_epi8(r[2], r[3]);
+      __m128i* dst = reinterpret_cast<__m128i*>(panel + (kk * kNR + j) * kG);
+      _mm_storeu_si128(dst + 0, _mm_unpacklo_epi16(t0, t2));
+      _mm_storeu_si128(dst + 1, _mm_unpackhi_epi16(t0, t2));
+      _mm_storeu_si128(dst + 2, _mm_unpacklo_epi16(t1, t3));
+      _mm_storeu_si128(dst + 3, _mm_unpackhi_epi16(t1, t3));
+    }
+  }
+};
+
+// Both operands widened to s16 at packing, vpmaddwd (vpmaddubsw would saturate at 255*127*2 > 32767).
+struct Avx2 {
+  using AElem = int16_t;
+  using BElem = int16_t;
+  static constexpr int64_t kG = 2, kNR = 16, kMR = 4, kLanes = 8;
+  static constexpr bool kSimd = true;
+
+  MG_TARGET_AVX2 static void micro_kernel(const AElem* a, const BElem* b, int64_t kg, int32_t* acc) {
+    __m256i c[kMR][2];
+    for (int r = 0; r < kMR; ++r) c[r][0] = c[r][1] = _mm256_setzero_si256();
+    for (int64_t kk = 0; kk < kg; ++kk) {
+      const __m256i b0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + kk * kNR * kG));
+      const __m256i b1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + kk * kNR * kG + 16));
+      for (int r = 0; r < kMR; ++r) {
+        int32_t w;
+        std::memcpy(&w, a + (kk * kMR + r) * kG, 4);  // (A[r][2kk], A[r][2kk+1]) as two s16
+        const __m256i av = _mm256_set1_epi32(w);
+        // s16 x s16 pairs summed into s32: |255 * 128| * 2 fits easily, so no saturation.
+        c[r][0] = _mm256_add_epi32(c[r][0], _mm256_madd_epi16(av, b0));
+        c[r][1] = _mm256_add_epi32(c[r][1], _mm256_madd_epi16(av, b1));
+      }
+    }
+    for (int r = 0; r < kMR; ++r) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * kNR), c[r][0]);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(acc + r * kNR + 8), c[r][1]);
+    }
+  }
+
+  MG_TARGET_AVX2 static __m256i quantize_lanes(const float* x, __m256 inv, __m256 zero) {
+    __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    r = _mm256_add_ps(r, zero);
+    r = _mm256_min_ps(_mm256_max_ps(r, _mm256_setzero_ps()), _mm256_set1_ps(255.f));  // max(NaN, 0) = 0
+    return _mm256_cvttps_epi32(r);
+  }
+
+  MG_TARGET_AVX2 static void pack_lanes_f32(BElem* panel, int64_t j, const float* col0, int64_t row_stride, int64_t K,
+                                            int64_t kg, float inv_scale, int32_t zero) {
+    const __m256 inv = _mm256_set1_ps(inv_scale), zf = _mm256_set1_ps(float(zero));
+    for (int64_t kk = 0; kk < kg; ++kk) {
+      const int64_t k = kk * kG;
+      __m256i word = quantize_lanes(col0 + k * row_stride, inv, zf);  // low s16: k, high s16: k + 1
+      if (k + 1 < K)
+        word = _mm256_or_si256(word, _mm256_slli_epi32(quantize_lanes(col0 + (k + 1) * row_stride, inv, zf), 16));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (kk * kNR + j) * kG), word);
+    }
+  }
+
+  // Two rows of 8 bytes widened to s16 and interleaved into 8 words of (k, k+1).
+  MG_TARGET_AVX2 static void pack_lanes_u8(BElem* panel, int64_t j, const uint8_t* col0, int64_t row_stride, int64_t K,
+                                           int64_t kg) {
+    for (int64_t kk = 0; kk < kg; ++kk) {
+      const int64_t k = kk * 2;
+      const __m128i a = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(col0 + k * row_stride)));
+      const __m128i b = k + 1 < K
+                            ? _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(col0 + (k + 1) * row_stride)))
+                            : _mm_setzero_si128();
+      __m128i* dst = reinterpret_cast<__m128i*>(panel + (kk * kNR + j) * kG);
+      _mm_storeu_si128(dst + 0, _mm_unpacklo_epi16(a, b));
+      _mm_storeu_si128(dst + 1, _mm_unpackhi_epi16(a, b));
+    }
+  }
+};
+
+struct Scalar {
+  using AElem = int8_t;
+  using BElem = uint8_t;
+  static constexpr int64_t kG = 4, kNR = 16, kMR = 4, kLanes = 16;
+  static constexpr bool kSimd = false;
+
+  static void micro_kernel(const AElem* a, const BElem* b, int64_t kg, int32_t* acc) {
+    std::fill(acc, acc + kMR * kNR, 0);
+    for (int64_t kk = 0; kk < kg; ++kk)
+      for (int r = 0; r < kMR; ++r)
+        for (int j = 0; j < kNR; ++j) {
+          int32_t s = 0;
+          for (int g = 0; g < kG; ++g)
+            s += int32_t(a[(kk * kMR + r) * kG + g]) * int32_t(b[(kk * kNR + j) * kG + g]);
+          acc[r * kNR + j] += s;
+        }
+  }
+  static void pack_lanes_f32(BElem*, int64_t, const float*, int64_t, int64_t, int64_t, float, int32_t) {}
+  static void pack_lanes_u8(BElem*, int64_t, const uint8_t*, int64_t, int64_t, int64_t) {}
+};
 
 // ---- B packing ------------------------------------------------------------------------------
 
 // One element at a time: any layout, any tail. `value(k, n)` gives the u8 value as int32.
-template <typename F>
-void pack_b_scalar(BElem* panel, int64_t n0, int64_t j0, int64_t j1, int64_t K, int64_t N, int64_t kg, F value) {
+template <class P, typename F>
+void pack_b_scalar(typename P::BElem* panel, int64_t n0, int64_t j0, int64_t j1, int64_t K, int64_t N, int64_t kg,
+                   F value) {
   for (int64_t kk = 0; kk < kg; ++kk)
     for (int64_t j = j0; j < j1; ++j)
-      for (int64_t g = 0; g < kG; ++g) {
-        const int64_t k = kk * kG + g, n = n0 + j;
-        panel[(kk * kNR + j) * kG + g] = (k < K && n < N) ? BElem(value(k, n)) : BElem(0);
+      for (int64_t g = 0; g < P::kG; ++g) {
+        const int64_t k = kk * P::kG + g, n = n0 + j;
+        panel[(kk * P::kNR + j) * P::kG + g] = (k < K && n < N) ? typename P::BElem(value(k, n)) : typename P::BElem(0);
       }
 }
 
-#if defined(MG_INT8_VNNI) || defined(MG_INT8_AVX2)
-// kLanes f32 values quantized to int32 lanes in [0, 255], the same arithmetic as quantize_u8.
-#if defined(MG_INT8_VNNI)
-inline __m512i quantize_lanes(const float* x, __m512 inv, __m512 zero) {
-  __m512 r = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  r = _mm512_add_ps(r, zero);
-  r = _mm512_min_ps(_mm512_max_ps(r, _mm512_setzero_ps()), _mm512_set1_ps(255.f));  // max(NaN, 0) = 0
-  return _mm512_cvttps_epi32(r);
-}
-#else
-inline __m256i quantize_lanes(const float* x, __m256 inv, __m256 zero) {
-  __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  r = _mm256_add_ps(r, zero);
-  r = _mm256_min_ps(_mm256_max_ps(r, _mm256_setzero_ps()), _mm256_set1_ps(255.f));  // max(NaN, 0) = 0
-  return _mm256_cvttps_epi32(r);
-}
-#endif
-
-// kLanes columns [n, n + kLanes) that are contiguous in memory (one group, col_stride 1), all k.
-void pack_b_lanes_f32(BElem* panel, int64_t j, const float* col0, int64_t row_stride, int64_t K, int64_t kg,
-                      float inv_scale, int32_t zero) {
-#if defined(MG_INT8_VNNI)
-  const __m512 inv = _mm512_set1_ps(inv_scale), zf = _mm512_set1_ps(float(zero));
-  for (int64_t kk = 0; kk < kg; ++kk) {
-    __m512i word = _mm512_setzero_si512();
-    for (int64_t g = 0; g < kG; ++g) {
-      const int64_t k = kk * kG + g;
-      if (k < K) word = _mm512_or_si512(word, _mm512_slli_epi32(quantize_lanes(col0 + k * row_stride, inv, zf), int(8 * g)));
-    }
-    _mm512_storeu_si512(panel + (kk * kNR + j) * kG, word);
-  }
-#else
-  const __m256 inv = _mm256_set1_ps(inv_scale), zf = _mm256_set1_ps(float(zero));
-  for (int64_t kk = 0; kk < kg; ++kk) {
-    const int64_t k = kk * kG;
-    __m256i word = quantize_lanes(col0 + k * row_stride, inv, zf);  // low s16: k, high s16: k + 1
-    if (k + 1 < K) word = _mm256_or_si256(word, _mm256_slli_epi32(quantize_lanes(col0 + (k + 1) * row_stride, inv, zf), 16));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(panel + (kk * kNR + j) * kG), word);
-  }
-#endif
-}
-#endif
-
-// Packs B (K, N) into panels; `f32` set: quantize on the way, else copy u8 values.
+// Packs B (K, N) into panels: `f32` set: quantize on the way, else copy the u8 values.
+template <class P>
 Tensor pack_b(int64_t K, int64_t N, const float* f32, const uint8_t* u8, const Int8Layout& L, float inv_scale,
               int32_t zero, Device dev) {
+  using BElem = typename P::BElem;
+  constexpr int64_t kG = P::kG, kNR = P::kNR, kLanes = P::kLanes;
   const int64_t kg = round_up(K, kG) / kG, nt = round_up(N, kNR) / kNR;
   Tensor packed;
   {
@@ -168,20 +219,19 @@ Tensor pack_b(int64_t K, int64_t N, const float* f32, const uint8_t* u8, const I
     for (int64_t t = t0; t < t1; ++t) {
       BElem* panel = base + t * kg * kNR * kG;
       const int64_t n0 = t * kNR;
-      if (u8) {
-        pack_b_scalar(panel, n0, 0, kNR, K, N, kg, [&](int64_t k, int64_t n) { return int32_t(u8[L.offset(k, n)]); });
-        continue;
-      }
-      auto scalar = [&](int64_t k, int64_t n) { return int32_t(quantize_u8(f32[L.offset(k, n)], inv_scale, zero)); };
       for (int64_t j = 0; j < kNR; j += kLanes) {
-        [[maybe_unused]] const int64_t n = n0 + j;
-#if defined(MG_INT8_VNNI) || defined(MG_INT8_AVX2)
-        if (L.col_stride == 1 && n + kLanes <= N && n / L.group == (n + kLanes - 1) / L.group) {
-          pack_b_lanes_f32(panel, j, f32 + L.offset(0, n), L.row_stride, K, kg, inv_scale, zero);
+        const int64_t n = n0 + j;
+        if (P::kSimd && L.col_stride == 1 && n + kLanes <= N && n / L.group == (n + kLanes - 1) / L.group) {
+          if (u8) P::pack_lanes_u8(panel, j, u8 + L.offset(0, n), L.row_stride, K, kg);
+          else P::pack_lanes_f32(panel, j, f32 + L.offset(0, n), L.row_stride, K, kg, inv_scale, zero);
           continue;
         }
-#endif
-        pack_b_scalar(panel, n0, j, j + kLanes, K, N, kg, scalar);
+        if (u8)
+          pack_b_scalar<P>(panel, n0, j, j + kLanes, K, N, kg, [&](int64_t k, int64_t nn) { return int32_t(u8[L.offset(k, nn)]); });
+        else
+          pack_b_scalar<P>(panel, n0, j, j + kLanes, K, N, kg, [&](int64_t k, int64_t nn) {
+            return int32_t(quantize_u8(f32[L.offset(k, nn)], inv_scale, zero));
+          });
       }
     }
   });
@@ -190,12 +240,10 @@ Tensor pack_b(int64_t K, int64_t N, const float* f32, const uint8_t* u8, const I
 
 // ---- epilogue -------------------------------------------------------------------------------
 
-float requant(int32_t c, float scale, float bias, float lo, float hi) {
-  return std::min(std::max(std::fma(float(c), scale, bias), lo), hi);
-}
-
 // Writes rows [m0, m0 + rows) x columns [n0, n0 + cols) of C from the raw tile `acc`. Column n's
-// place (n / group, n % group) is stepped along, not divided out per element.
+// place (n / group, n % group) is stepped along, not divided out per element; with col_stride 1
+// each run of columns inside one group is contiguous and goes through the row requantizers.
+template <class P>
 void epilogue(const Int8PackedA& a, const int32_t* acc, int64_t m0, int64_t rows, int64_t n0, int64_t cols,
               int32_t b_zero, const Int8GemmOut& out) {
   const int32_t* sums = a.row_sums.data<int32_t>();
@@ -204,44 +252,35 @@ void epilogue(const Int8PackedA& a, const int32_t* acc, int64_t m0, int64_t rows
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t m = m0 + r;
     const int32_t corr = b_zero * sums[m];
-    const int32_t* row = acc + r * kNR;
+    const int32_t* row = acc + r * P::kNR;
     const int64_t base = m * L.row_stride;
+    Requant q;
+    if (!out.i32)
+      q = {.scale = out.row_scale[m], .bias = out.bias ? out.bias[m] : 0.f, .lo = out.clamp_lo, .hi = out.clamp_hi,
+           .out_inv_scale = out.out_inv_scale, .out_zero = out.out_zero};
     int64_t g = g0, p = p0, j = 0;
-    if (out.i32) {
-      for (; j < cols; ++j) {
-        out.i32[base + g * L.group_stride + p * L.col_stride] = row[j] - corr;
-        if (++p == L.group) p = 0, ++g;
-      }
-      continue;
-    }
-    const float s = out.row_scale[m], b = out.bias ? out.bias[m] : 0.f;
-#if defined(__AVX2__) && defined(__FMA__)
-    const __m256i vc = _mm256_set1_epi32(corr);
-    const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b), lo = _mm256_set1_ps(out.clamp_lo),
-                 hi = _mm256_set1_ps(out.clamp_hi);
-#endif
     while (j < cols) {
-      float* dst = out.f32 + base + g * L.group_stride + p * L.col_stride;
-#if defined(__AVX2__) && defined(__FMA__)
-      if (L.col_stride == 1 && j + 8 <= cols && p + 8 <= L.group) {  // 8 contiguous outputs
-        const __m256i c = _mm256_sub_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + j)), vc);
-        const __m256 v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(c), vs, vb);
-        _mm256_storeu_ps(dst, _mm256_min_ps(_mm256_max_ps(v, lo), hi));
-        j += 8;
-        p += 8;
-        if (p == L.group) p = 0, ++g;
-        continue;
+      const int64_t at = base + g * L.group_stride + p * L.col_stride;
+      const int64_t run = L.col_stride == 1 ? std::min(cols - j, L.group - p) : 1;
+      if (out.i32) {
+        for (int64_t i = 0; i < run; ++i) out.i32[at + i * L.col_stride] = row[j + i] - corr;
+      } else if (out.f32) {
+        requant_row_f32(row + j, run, corr, q, out.f32 + at);
+      } else {
+        requant_row_u8(row + j, run, corr, q, out.u8 + at);
       }
-#endif
-      *dst = requant(row[j] - corr, s, b, out.clamp_lo, out.clamp_hi);
-      ++j;
-      if (++p == L.group) p = 0, ++g;
+      j += run;
+      p += run;
+      if (p == L.group) p = 0, ++g;
     }
   }
 }
 
 // A (M, K) row-major -> tiles [M/kMR][K/kG][kMR][kG] (rows past M and k past K zero), once per call.
-void pack_a(const int8_t* a, int64_t M, int64_t K, AElem* dst) {
+template <class P>
+void pack_a(const int8_t* a, int64_t M, int64_t K, typename P::AElem* dst) {
+  using AElem = typename P::AElem;
+  constexpr int64_t kG = P::kG, kMR = P::kMR;
   const int64_t kg = round_up(K, kG) / kG, mt = round_up(M, kMR) / kMR, full = K / kG;
   parallel_for(0, mt, 4, [&](int64_t q0, int64_t q1) {
     for (int64_t q = q0; q < q1; ++q) {
@@ -266,17 +305,23 @@ void pack_a(const int8_t* a, int64_t M, int64_t K, AElem* dst) {
   });
 }
 
-void run_gemm(const Int8PackedA& a, int64_t N, const Tensor& packed_b, int32_t b_zero, const Int8GemmOut& out) {
+// Packs A and B for path P, runs every tile, writes the epilogue.
+template <class P>
+void run_gemm(const Int8PackedA& a, int64_t N, const float* f32, const uint8_t* u8, const Int8Layout& b_layout,
+              float inv_scale, int32_t b_zero, const Int8GemmOut& out, Device dev) {
+  using AElem = typename P::AElem;
+  using BElem = typename P::BElem;
+  constexpr int64_t kG = P::kG, kNR = P::kNR, kMR = P::kMR;
+  const Tensor packed_b = pack_b<P>(a.K, N, f32, u8, b_layout, inv_scale, b_zero, dev);
   const int64_t M = a.M, kg = round_up(a.K, kG) / kG;
   const int64_t mt = round_up(M, kMR) / kMR, nt = round_up(N, kNR) / kNR;
-  const Device dev = packed_b.device();
   Tensor packed_a;
   {
     MemoryCategoryGuard ws(MemoryCategory::workspace);
     packed_a = empty({mt * kg * kMR * kG * int64_t(sizeof(AElem)) + 1}, {.dtype = DType::u8, .device = dev});
   }
   AElem* ap = reinterpret_cast<AElem*>(packed_a.data_ptr());
-  pack_a(a.data.data<int8_t>(), M, a.K, ap);
+  pack_a<P>(a.data.data<int8_t>(), M, a.K, ap);
   const BElem* bp = static_cast<const BElem*>(packed_b.data_ptr());
   // Blocks of panels whose packed B (~128 KiB) stays in L2 while every A tile passes over it.
   const int64_t panel_bytes = std::max<int64_t>(kg * kNR * kG * int64_t(sizeof(BElem)), 1);
@@ -287,29 +332,41 @@ void run_gemm(const Int8PackedA& a, int64_t N, const Tensor& packed_b, int32_t b
     for (int64_t blk = b0; blk < b1; ++blk)
       for (int64_t q = 0; q < mt; ++q)
         for (int64_t p = blk * block; p < std::min(nt, (blk + 1) * block); ++p) {
-          micro_kernel(ap + q * kg * kMR * kG, bp + p * kg * kNR * kG, kg, acc);
-          epilogue(a, acc, q * kMR, std::min(kMR, M - q * kMR), p * kNR, std::min(kNR, N - p * kNR), b_zero, out);
+          P::micro_kernel(ap + q * kg * kMR * kG, bp + p * kg * kNR * kG, kg, acc);
+          epilogue<P>(a, acc, q * kMR, std::min(kMR, M - q * kMR), p * kNR, std::min(kNR, N - p * kNR), b_zero, out);
         }
   });
 }
 
+void dispatch(const Int8PackedA& a, int64_t N, const float* f32, const uint8_t* u8, const Int8Layout& b_layout,
+              float inv_scale, int32_t b_zero, const Int8GemmOut& out, Device dev) {
+  switch (int8_isa()) {
+    case Int8Isa::avx512vnni: return run_gemm<Vnni>(a, N, f32, u8, b_layout, inv_scale, b_zero, out, dev);
+    case Int8Isa::avx2: return run_gemm<Avx2>(a, N, f32, u8, b_layout, inv_scale, b_zero, out, dev);
+    case Int8Isa::scalar: return run_gemm<Scalar>(a, N, f32, u8, b_layout, inv_scale, b_zero, out, dev);
+  }
+}
+
 void check_out(const char* op, const Int8PackedA& a, const Int8GemmOut& out) {
   MG_CHECK(a.data.defined() && a.row_sums.defined(), op, ": A is not packed (call int8_pack_a)");
-  MG_CHECK((out.i32 != nullptr) != (out.f32 != nullptr), op, ": exactly one of out.i32 and out.f32 must be set");
-  MG_CHECK(out.i32 || out.row_scale, op, ": f32 output needs row_scale");
+  MG_CHECK((out.i32 != nullptr) + (out.f32 != nullptr) + (out.u8 != nullptr) == 1, op,
+           ": exactly one of out.i32, out.f32 and out.u8 must be set");
+  MG_CHECK(out.i32 || out.row_scale, op, ": f32 and u8 output need row_scale");
+  MG_CHECK(!out.u8 || (std::isfinite(out.out_inv_scale) && out.out_inv_scale > 0 && out.out_zero >= 0 &&
+                       out.out_zero <= 255),
+           op, ": u8 output needs a positive finite 1/scale and a zero point in [0, 255]");
   MG_CHECK(out.layout.group > 0, op, ": output layout group must be positive, got ", out.layout.group);
 }
 
 }  // namespace
 
 const char* int8_gemm_path() {
-#if defined(MG_INT8_VNNI)
-  return "AVX-512 VNNI (vpdpbusd)";
-#elif defined(MG_INT8_AVX2)
-  return "AVX2 (vpmaddwd on s16)";
-#else
+  switch (int8_isa()) {
+    case Int8Isa::avx512vnni: return "AVX-512 VNNI (vpdpbusd)";
+    case Int8Isa::avx2: return "AVX2 (vpmaddwd on s16)";
+    case Int8Isa::scalar: break;
+  }
   return "scalar int32";
-#endif
 }
 
 void int8_gemm_ref(int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda, const uint8_t* B, int64_t ldb,
@@ -343,8 +400,7 @@ void int8_gemm(const Int8PackedA& a, int64_t N, const uint8_t* b, const Int8Layo
   check_out("int8_gemm", a, out);
   MG_CHECK(N >= 0 && b_zero >= 0 && b_zero <= 255, "int8_gemm: bad N=", N, " or zero point ", b_zero);
   if (a.M == 0 || N == 0) return;
-  Tensor packed = pack_b(a.K, N, nullptr, b, b_layout, 1.f, b_zero, workspace_device);
-  run_gemm(a, N, packed, b_zero, out);
+  dispatch(a, N, nullptr, b, b_layout, 1.f, b_zero, out, workspace_device);
 }
 
 void int8_gemm_quantize_b(const Int8PackedA& a, int64_t N, const float* b, const Int8Layout& b_layout,
@@ -354,8 +410,7 @@ void int8_gemm_quantize_b(const Int8PackedA& a, int64_t N, const float* b, const
   MG_CHECK(std::isfinite(inv_scale) && inv_scale > 0, "int8_gemm_quantize_b: 1/scale must be finite and positive, got ",
            inv_scale);
   if (a.M == 0 || N == 0) return;
-  Tensor packed = pack_b(a.K, N, b, nullptr, b_layout, inv_scale, b_zero, workspace_device);
-  run_gemm(a, N, packed, b_zero, out);
+  dispatch(a, N, b, nullptr, b_layout, inv_scale, b_zero, out, workspace_device);
 }
 
 }  // namespace mg

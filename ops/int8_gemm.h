@@ -1,18 +1,20 @@
 // The int8 GEMM behind memgrad's quantized layers: C(M, N) = A(M, K) · (B(K, N) − zb) in int32,
 // A signed 8-bit weights (symmetric per row = output channel), B unsigned 8-bit activations with a
 // zero point, then an epilogue that writes int32 or requantizes to f32 (row scale, bias, clamp).
-// Three paths chosen at compile time, all exact in int32 (no saturation anywhere) and so
-// bit-identical to int8_gemm_ref: AVX-512 VNNI (vpdpbusd on u8 x s8), AVX2 (both operands widened
-// to s16 at packing, vpmaddwd: vpmaddubsw would saturate at 255*127*2 > 32767), and scalar.
+// Three paths chosen at run time (ops/int8_isa.h: the CPU's best, capped by MG_INT8_ISA), all exact
+// in int32 (no saturation anywhere) and so bit-identical to int8_gemm_ref: AVX-512 VNNI (vpdpbusd
+// on u8 x s8), AVX2 (both operands widened to s16 at packing, vpmaddwd: vpmaddubsw would saturate
+// at 255*127*2 > 32767), and scalar.
 #pragma once
 #include <cmath>
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "ops/int8_requant.h"
 
 namespace mg {
 
-// Which path is compiled in ("AVX-512 VNNI (vpdpbusd)", "AVX2 (vpmaddwd on s16)" or "scalar int32").
+// Which path int8_isa() selects ("AVX-512 VNNI (vpdpbusd)", "AVX2 (vpmaddwd on s16)" or "scalar int32").
 const char* int8_gemm_path();
 
 // The specification every path is checked against: row-major with leading dimensions,
@@ -44,32 +46,27 @@ struct Int8PackedA {
 // a: (M, K) i8 contiguous on a cpu device. a must not change while the result is in use.
 Int8PackedA int8_pack_a(const Tensor& a);
 
-// What the epilogue writes for element (m, n) with the int32 value c:
-//   i32: c;   f32: min(max(fma(float(c), row_scale[m], bias[m] or 0), clamp_lo), clamp_hi).
+// What the epilogue writes for element (m, n) with the int32 value c (ops/int8_requant.h):
+//   i32: c;   f32: min(max(fma(float(c), row_scale[m], bias[m] or 0), clamp_lo), clamp_hi);
+//   u8: that f32 value quantized with out_inv_scale and out_zero (the next int8 layer's input).
 struct Int8GemmOut {
   int32_t* i32 = nullptr;
   float* f32 = nullptr;
+  uint8_t* u8 = nullptr;
   Int8Layout layout;                 // of the output (M, N)
   const float* row_scale = nullptr;  // (M), f32 output only
   const float* bias = nullptr;       // (M) or null
   float clamp_lo = -3.4e38f, clamp_hi = 3.4e38f;
+  float out_inv_scale = 1.f;  // u8 output only
+  int32_t out_zero = 0;
 };
 
-// C = A · (B − b_zero) with B given as u8 values (tests, already quantized activations) or as f32
+// C = A · (B − b_zero) with B given as u8 values (already quantized activations) or as f32
 // values quantized on the fly while packing: q = clamp(nearbyint(x * inv_scale) + b_zero, 0, 255).
 // The packed B (one panel per call) is workspace from `workspace_device`'s allocator.
 void int8_gemm(const Int8PackedA& a, int64_t N, const uint8_t* b, const Int8Layout& b_layout, int32_t b_zero,
                const Int8GemmOut& out, Device workspace_device = kCPU);
 void int8_gemm_quantize_b(const Int8PackedA& a, int64_t N, const float* b, const Int8Layout& b_layout,
                           float inv_scale, int32_t b_zero, const Int8GemmOut& out, Device workspace_device = kCPU);
-
-// The rounding every path and the reference share: round half to even, add the zero point,
-// clamp to [0, 255] in f32 (NaN becomes 0, as the SIMD max does).
-inline uint8_t quantize_u8(float x, float inv_scale, int32_t zero) {
-  float r = std::nearbyint(x * inv_scale) + float(zero);
-  r = r > 0.f ? r : 0.f;
-  r = r < 255.f ? r : 255.f;
-  return uint8_t(r);
-}
 
 }  // namespace mg

@@ -7,7 +7,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
-#include "ops/int8_gemm.h"
+#include "ops/int8_requant.h"
 #include "ops/ops.h"
 
 namespace mg {
@@ -99,7 +99,7 @@ Tensor quantize_per_tensor(const Tensor& x, ActivationQParams p) {
   uint8_t* q = out.data<uint8_t>();
   const float inv = 1.f / p.scale;
   parallel_for(0, out.numel(), 1 << 16, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) q[i] = quantize_u8(src[i], inv, p.zero_point);
+    quantize_row_u8(src + i0, i1 - i0, inv, p.zero_point, q + i0);
   });
   return out;
 }

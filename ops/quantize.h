@@ -32,7 +32,7 @@ struct ActivationQParams {
 // [0, 255]. Throws when lo > hi or either is not finite.
 ActivationQParams choose_qparams_u8(float lo, float hi);
 
-// x: floating, any shape -> u8 of the same shape (the rounding of ops/int8_gemm.h's quantize_u8).
+// x: floating, any shape -> u8 of the same shape (the rounding of ops/int8_requant.h's quantize_u8).
 Tensor quantize_per_tensor(const Tensor& x, ActivationQParams q);
 // q: u8 -> f32: scale * (q - zero_point).
 Tensor dequantize_per_tensor(const Tensor& q, ActivationQParams p);

@@ -5,7 +5,7 @@
 // 1. fold_batch_norms (quant_convert.h), then prepare_qat: every Conv2d and Linear that
 //    convert_ptq will quantize is wrapped in a FakeQuantLayer. Its weight passes through
 //    fake_quantize_per_channel (symmetric, scale max|w_c| / 127 from the current weights) and,
-//    for the layers that run on the int8 GEMM (1x1 convs, Linears), its input through
+//    for the layers that run full int8 (1x1 and depthwise convs, Linears), its input through
 //    fake_quantize_per_tensor with the u8 parameters of an observer (ema by default) that moves
 //    with every training forward. Backward is the straight-through estimator (ops/fake_quantize.h).
 // 2. Train as usual (Trainer, autocast, checkpointing, accumulation; the observer is frozen in

@@ -49,7 +49,7 @@ std::shared_ptr<Conv2d> fold(const Conv2d& conv, const BatchNorm2d& bn) {
 }
 
 // A ReLU6 right after layer i (skipping absorbed layers) is fused into int8 conv `q`.
-bool fuse_relu6(Sequential& s, size_t i, Int8Conv2d& q) {
+bool fuse_relu6(Sequential& s, size_t i, Int8ConvBase& q) {
   for (size_t j = i + 1; j < s.size(); ++j) {
     if (dynamic_cast<Absorbed*>(s[j].get())) continue;
     if (!dynamic_cast<ReLU6*>(s[j].get())) return false;
@@ -80,8 +80,10 @@ ConvertCounts convert(Module& root, bool calibrated) {
                  "  hint: call prepare_ptq and run calibration batches before convert_ptq");
       }
       if (auto* c = dynamic_cast<Conv2d*>(layer.get())) {
-        if (Int8Conv2d::supports(*c)) {
-          auto qc = Int8Conv2d::from_float(*c, q);
+        std::shared_ptr<Int8ConvBase> qc;
+        if (Int8Conv2d::supports(*c)) qc = Int8Conv2d::from_float(*c, q);
+        else if (Int8DepthwiseConv2d::supports(*c)) qc = Int8DepthwiseConv2d::from_float(*c, q);
+        if (qc) {
           s->replace(i, qc);
           n.fused_relu6 += fuse_relu6(*s, i, *qc);
           ++n.int8;
@@ -94,13 +96,39 @@ ConvertCounts convert(Module& root, bool calibrated) {
         ++n.int8;
       }
     }
+  n.linked = link_int8_chains(root);
   return n;
+}
+
+// The layers of s in order, nested Sequentials opened, absorbed layers left out.
+void leaves(Sequential& s, std::vector<UnaryModule*>& out) {
+  for (size_t i = 0; i < s.size(); ++i) {
+    UnaryModule* m = s[i].get();
+    if (auto* inner = dynamic_cast<Sequential*>(m)) leaves(*inner, out);
+    else if (!dynamic_cast<Absorbed*>(m)) out.push_back(m);
+  }
 }
 
 }  // namespace
 
+int64_t link_int8_chains(Module& root) {
+  int64_t n = 0;
+  for (auto& [name, s] : sequentials(root)) {
+    std::vector<UnaryModule*> seq;
+    leaves(*s, seq);
+    for (size_t i = 0; i + 1 < seq.size(); ++i) {
+      auto* a = dynamic_cast<Int8ConvBase*>(seq[i]);
+      auto* b = dynamic_cast<Int8ConvBase*>(seq[i + 1]);
+      if (!a || !b || a->output_linked()) continue;
+      a->link_output(&b->input);
+      ++n;
+    }
+  }
+  return n;
+}
+
 bool runs_int8(const UnaryModule& layer) {
-  if (auto* c = dynamic_cast<const Conv2d*>(&layer)) return Int8Conv2d::supports(*c);
+  if (auto* c = dynamic_cast<const Conv2d*>(&layer)) return Int8Conv2d::supports(*c) || Int8DepthwiseConv2d::supports(*c);
   return dynamic_cast<const Linear*>(&layer) && layer.type_name() == "Linear";
 }
 

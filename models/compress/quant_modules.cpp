@@ -129,16 +129,50 @@ Tensor Int8Linear::forward(const Tensor& x) {
   return out;
 }
 
-// ---- Int8Conv2d -----------------------------------------------------------------------------
+// ---- Int8ConvBase ---------------------------------------------------------------------------
 
-Int8Conv2d::Int8Conv2d(int64_t in, int64_t out, bool with_bias, Device device)
-    : UnaryModule("Int8Conv2d"), in_channels(in), out_channels(out) {
-  MG_CHECK(in > 0 && out > 0, "Int8Conv2d: channel counts must be positive, got ", in, ", ", out);
-  weight_int8 = register_buffer("weight_int8", zeros_on({out, in, 1, 1}, DType::i8, device));
+Int8ConvBase::Int8ConvBase(const char* type, int64_t in, int64_t out, Shape weight_shape, bool with_bias, Device device)
+    : UnaryModule(type), in_channels(in), out_channels(out) {
+  MG_CHECK(in > 0 && out > 0, type, ": channel counts must be positive, got ", in, ", ", out);
+  weight_int8 = register_buffer("weight_int8", zeros_on(weight_shape, DType::i8, device));
   weight_scale = register_buffer("weight_scale", full({out}, 1.0, {.device = device}));
   if (with_bias) bias = register_buffer("bias", zeros_on({out}, DType::f32, device));
   input.init(*this, {}, device);
 }
+
+void Int8ConvBase::check_input(const Tensor& x) const {
+  MG_CHECK(x.defined() && x.dim() == 4 && x.size(1) == in_channels && (x.dtype() == DType::f32 || x.dtype() == DType::u8),
+           type_name(), ": expected an f32 or u8 input (N, ", in_channels, ", H, W), got ",
+           x.defined() ? shape_str(x.shape()) + " " + std::string(dtype_name(x.dtype())) : std::string("an undefined tensor"));
+}
+
+Tensor Int8ConvBase::empty_output(const Shape& shape, Device device) const {
+  return empty(shape, {.dtype = next_input_ ? DType::u8 : DType::f32, .device = device});
+}
+
+Requant Int8ConvBase::requant() const {
+  Requant q;
+  if (fused_relu6) q.lo = 0.f, q.hi = 6.f;
+  if (next_input_) {
+    const ActivationQParams o = next_input_->get(type_name().c_str());
+    q.out_inv_scale = 1.f / o.scale;
+    q.out_zero = o.zero_point;
+  }
+  return q;
+}
+
+void Int8ConvBase::set_from(const Conv2d& src, ActivationQParams in_q) {
+  NoGradGuard ng;
+  set_weights(*this, weight_int8, weight_scale, quantize_per_channel(src.weight));
+  if (src.bias.defined()) copy_(bias, src.bias);
+  fill_(input.scale, in_q.scale);
+  fill_(input.zero_point, in_q.zero_point);
+}
+
+// ---- Int8Conv2d -----------------------------------------------------------------------------
+
+Int8Conv2d::Int8Conv2d(int64_t in, int64_t out, bool with_bias, Device device)
+    : Int8ConvBase("Int8Conv2d", in, out, {out, in, 1, 1}, with_bias, device) {}
 
 bool Int8Conv2d::supports(const Conv2d& c) {
   return c.kernel_size == 1 && c.params.stride == 1 && c.params.padding == 0 && c.params.groups == 1;
@@ -148,39 +182,79 @@ std::shared_ptr<Int8Conv2d> Int8Conv2d::from_float(const Conv2d& src, Activation
   MG_CHECK(supports(src), "Int8Conv2d: only 1x1, stride 1, padding 0, ungrouped convolutions run on the int8 GEMM; got ",
            src.kernel_size, "x", src.kernel_size, " stride ", src.params.stride, " groups ", src.params.groups);
   auto m = std::make_shared<Int8Conv2d>(src.in_channels, src.out_channels, src.bias.defined(), src.weight.device());
-  NoGradGuard ng;
-  set_weights(*m, m->weight_int8, m->weight_scale, quantize_per_channel(src.weight));
-  if (src.bias.defined()) copy_(m->bias, src.bias);
-  fill_(m->input.scale, in_q.scale);
-  fill_(m->input.zero_point, in_q.zero_point);
+  m->set_from(src, in_q);
   return m;
 }
 
 Tensor Int8Conv2d::forward(const Tensor& x) {
   auto scope = forward_scope();
-  MG_CHECK(x.defined() && x.dim() == 4 && x.size(1) == in_channels && x.dtype() == DType::f32,
-           "Int8Conv2d: expected an f32 input (N, ", in_channels, ", H, W), got ",
-           x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  check_input(x);
   const ActivationQParams q = input.get("Int8Conv2d");
   refresh_packed(weight_int8.as_strided({out_channels, in_channels}, {in_channels, 1}, weight_int8.storage_offset()),
                  packed_, packed_version_, weight_int8);
   const int64_t N = x.size(0), HW = x.size(2) * x.size(3);
-  Tensor out = empty({N, out_channels, x.size(2), x.size(3)}, {.device = x.device()});
+  Tensor out = empty_output({N, out_channels, x.size(2), x.size(3)}, x.device());
   if (out.is_meta() || out.numel() == 0) return out;
   Tensor xc = contiguous(x);
   Tensor rs = row_scales(weight_scale, q.scale);
-  Int8GemmOut o{.f32 = out.data<float>(),
-                .layout = {.group = HW, .group_stride = out_channels * HW, .col_stride = 1, .row_stride = HW},
+  const Requant r = requant();
+  Int8GemmOut o{.layout = {.group = HW, .group_stride = out_channels * HW, .col_stride = 1, .row_stride = HW},
                 .row_scale = rs.data<float>(),
-                .bias = bias.defined() ? bias.data<float>() : nullptr};
-  if (fused_relu6) {
-    o.clamp_lo = 0.f;
-    o.clamp_hi = 6.f;
-  }
+                .bias = bias.defined() ? bias.data<float>() : nullptr,
+                .clamp_lo = r.lo,
+                .clamp_hi = r.hi,
+                .out_inv_scale = r.out_inv_scale,
+                .out_zero = r.out_zero};
+  if (out.dtype() == DType::u8) o.u8 = out.data<uint8_t>();
+  else o.f32 = out.data<float>();
   // C (Cout, N*HW) = W (Cout, Cin) . X (Cin, N*HW), X and C in NCHW
-  int8_gemm_quantize_b(packed_, N * HW, xc.data<float>(),
-                       {.group = HW, .group_stride = in_channels * HW, .col_stride = 1, .row_stride = HW},
-                       1.f / q.scale, q.zero_point, o, x.device());
+  const Int8Layout in_layout{.group = HW, .group_stride = in_channels * HW, .col_stride = 1, .row_stride = HW};
+  if (xc.dtype() == DType::u8)
+    int8_gemm(packed_, N * HW, xc.data<uint8_t>(), in_layout, q.zero_point, o, x.device());
+  else
+    int8_gemm_quantize_b(packed_, N * HW, xc.data<float>(), in_layout, 1.f / q.scale, q.zero_point, o, x.device());
+  return out;
+}
+
+// ---- Int8DepthwiseConv2d --------------------------------------------------------------------
+
+Int8DepthwiseConv2d::Int8DepthwiseConv2d(int64_t channels, int64_t k, Conv2dParams p, bool with_bias, Device device)
+    : Int8ConvBase("Int8DepthwiseConv2d", channels, channels, {channels, 1, k, k}, with_bias, device),
+      kernel_size(k),
+      params(p) {
+  MG_CHECK(k > 0 && p.stride > 0 && p.padding >= 0 && p.groups == channels, "Int8DepthwiseConv2d: invalid kernel ", k,
+           " stride ", p.stride, " padding ", p.padding, " groups ", p.groups, " for ", channels, " channels");
+}
+
+bool Int8DepthwiseConv2d::supports(const Conv2d& c) {
+  return c.params.groups == c.in_channels && c.in_channels == c.out_channels;
+}
+
+std::shared_ptr<Int8DepthwiseConv2d> Int8DepthwiseConv2d::from_float(const Conv2d& src, ActivationQParams in_q) {
+  MG_CHECK(supports(src), "Int8DepthwiseConv2d: needs groups == in == out channels, got groups ", src.params.groups,
+           " in ", src.in_channels, " out ", src.out_channels);
+  auto m = std::make_shared<Int8DepthwiseConv2d>(src.in_channels, src.kernel_size, src.params, src.bias.defined(),
+                                                 src.weight.device());
+  m->set_from(src, in_q);
+  return m;
+}
+
+Tensor Int8DepthwiseConv2d::forward(const Tensor& x) {
+  auto scope = forward_scope();
+  check_input(x);
+  const ActivationQParams q = input.get("Int8DepthwiseConv2d");
+  const Int8DepthwiseShape s{.N = x.size(0), .C = in_channels, .H = x.size(2), .W = x.size(3), .K = kernel_size,
+                             .stride = params.stride, .padding = params.padding};
+  MG_CHECK(s.H + 2 * s.padding >= s.K && s.W + 2 * s.padding >= s.K, "Int8DepthwiseConv2d: input ",
+           shape_str(x.shape()), " is smaller than the ", s.K, "x", s.K, " kernel with padding ", s.padding);
+  Tensor out = empty_output({s.N, s.C, s.OH(), s.OW()}, x.device());
+  if (out.is_meta() || out.numel() == 0) return out;
+  Tensor xq = x.dtype() == DType::u8 ? contiguous(x) : quantize_per_tensor(contiguous(x), q);
+  Tensor rs = row_scales(weight_scale, q.scale);
+  Int8DepthwiseOut o{.scale = rs.data<float>(), .bias = bias.defined() ? bias.data<float>() : nullptr, .q = requant()};
+  if (out.dtype() == DType::u8) o.u8 = out.data<uint8_t>();
+  else o.f32 = out.data<float>();
+  int8_depthwise(s, xq.data<uint8_t>(), q.zero_point, weight_int8.data<int8_t>(), o);
   return out;
 }
 

@@ -141,6 +141,23 @@ TEST_CASE("quantize: a gpt run, weight-only int8", "[apps][quant]") {
   CHECK(std::abs(ro.int8_metric - ro.fp32_metric) < 0.05 * ro.fp32_metric);
   CHECK((ro.outlier_column_share >= 0 && ro.outlier_column_share <= 1));
   CHECK(load_quantized(ro.file).info.scheme == "int8_outlier");
+  // gpt eval and sample run the int8 model from the file, next to the fp32 source run
+  const GptEvalResult fp32 = gpt_eval({.run = tmp.file("fp32"), .windows = 4});
+  for (const char* dir : {"int8", "outlier"}) {
+    INFO(dir);
+    const GptEvalResult e = gpt_eval({.run = tmp.file(dir), .windows = 4});
+    CHECK(e.scheme == (std::string(dir) == "int8" ? "int8_weight_only" : "int8_outlier"));
+    CHECK(e.loss != fp32.loss);  // the int8 model, not the fp32 one
+    CHECK(std::abs(e.loss - fp32.loss) < 0.05 * fp32.loss);
+    CHECK(e.fp32_loss == fp32.loss);
+    CHECK(e.fp32_weight_bytes == fp32.weight_bytes);
+    CHECK(e.weight_bytes < e.fp32_weight_bytes);
+    CHECK((e.tokens_per_s > 0 && e.fp32_tokens_per_s > 0 && e.peak_bytes > 0 && e.fp32_peak_bytes > 0));
+    const GptSampleResult sm = gpt_sample({.run = tmp.file(dir), .prompt = "ab", .tokens = 5, .temperature = 0});
+    CHECK(sm.continuation.size() == 5);
+  }
+  CHECK(std::isnan(fp32.fp32_loss));
+  CHECK(fp32.scheme.empty());
   o.out = tmp.file("z");
   o.gpt_mode = "int4";
   CHECK_THROWS_WITH(quantize_run(o), Catch::Contains("--gpt-mode 'int4' is not supported"));

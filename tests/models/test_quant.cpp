@@ -110,6 +110,21 @@ TEST_CASE("choose_qparams_u8 and per-tensor quantization keep zero exact", "[qua
   CHECK_THROWS_WITH(choose_qparams_u8(2.f, 1.f), Catch::Contains("invalid range"));
 }
 
+TEST_CASE("quantize_per_tensor equals quantize_u8 element by element (ties, NaN, huge values, tails)", "[quant]") {
+  const ActivationQParams p = choose_qparams_u8(-1.f, 3.f);
+  std::vector<double> v;
+  for (int i = 0; i < 37; ++i) v.push_back(-1.3 + 0.137 * i);
+  v[3] = 2.5 * p.scale;  // a tie
+  v[5] = 1e30;
+  v[6] = -1e30;
+  v[9] = std::nan("");
+  const Tensor q = quantize_per_tensor(from_vector(v, {int64_t(v.size())}, {.dtype = DType::f32}), p);
+  const uint8_t* qp = q.data<uint8_t>();
+  for (size_t i = 0; i < v.size(); ++i)
+    if (qp[i] != quantize_u8(float(v[i]), 1.f / p.scale, p.zero_point)) FAIL_CHECK("element " << i);
+  CHECK(qp[9] == 0);
+}
+
 TEST_CASE("observers: minmax, ema, percentile, and no batches is an error", "[quant]") {
   Observer mm({.kind = ObserverKind::minmax});
   CHECK_THROWS_WITH(mm.qparams(), Catch::Contains("no calibration batch"));
@@ -209,6 +224,57 @@ TEST_CASE("Int8Conv2d and Int8Linear equal f32 math on the dequantized operands"
   CHECK_THROWS_WITH(Int8Conv2d::from_float(Conv2d(4, 4, 3, {.padding = 1}), q), Catch::Contains("only 1x1"));
 }
 
+TEST_CASE("Int8DepthwiseConv2d equals f32 math on the dequantized operands", "[quant]") {
+  NoGradGuard ng;
+  Generator g(4);
+  for (int64_t stride : {1, 2}) {
+    INFO("stride " << stride);
+    Conv2d conv(6, 6, 3, {.stride = stride, .padding = 1, .groups = 6}, true, {.gen = &g});
+    const ActivationQParams q = choose_qparams_u8(-0.5f, 4.f);
+    auto qc = Int8DepthwiseConv2d::from_float(conv, q);
+    Tensor x = rand_tensor({2, 6, 9, 7}, 8, DType::f32, -0.7, 4.2);
+    Tensor xq = dequantize_per_tensor(quantize_per_tensor(x, q), q);
+    Tensor wq = dequantize_per_channel(qc->weight_int8, qc->weight_scale);
+    Tensor ref = conv2d(cast(xq, DType::f64), cast(wq, DType::f64), cast(conv.bias, DType::f64), conv.params);
+    test::check_close((*qc)(x), ref, 1e-5, 1e-5);
+    qc->fused_relu6 = true;
+    test::check_close((*qc)(x), relu6(ref), 1e-5, 1e-5);
+    // u8 input already in the layer's quantization: the same result
+    CHECK(max_diff((*qc)(quantize_per_tensor(x, q)), (*qc)(x)) == 0.0);
+  }
+  CHECK_THROWS_WITH(Int8DepthwiseConv2d::from_float(Conv2d(4, 8, 3, {.padding = 1, .groups = 4}), {}),
+                    Catch::Contains("needs groups == in == out"));
+  auto dw = Int8DepthwiseConv2d::from_float(Conv2d(4, 4, 3, {.padding = 1, .groups = 4}), {});
+  CHECK_THROWS_WITH((*dw)(zeros({1, 4, 5, 5}, {.dtype = DType::i32})), Catch::Contains("expected an f32 or u8 input"));
+}
+
+TEST_CASE("linked int8 convs pass u8 and give the bits of the unlinked f32 chain", "[quant]") {
+  // MobileNetV2's block: expand 1x1 + ReLU6 -> depthwise 3x3 stride 2 + ReLU6 -> project 1x1
+  NoGradGuard ng;
+  Generator g(5);
+  const ActivationQParams qx = choose_qparams_u8(-1.f, 3.f), qe = choose_qparams_u8(0.f, 5.f),
+                          qd = choose_qparams_u8(0.f, 6.f);
+  auto expand = Int8Conv2d::from_float(Conv2d(5, 12, 1, {}, true, {.gen = &g}), qx);
+  auto dw = Int8DepthwiseConv2d::from_float(Conv2d(12, 12, 3, {.stride = 2, .padding = 1, .groups = 12}, true, {.gen = &g}), qe);
+  auto project = Int8Conv2d::from_float(Conv2d(12, 7, 1, {}, true, {.gen = &g}), qd);
+  expand->fused_relu6 = dw->fused_relu6 = true;
+  Tensor x = rand_tensor({3, 5, 9, 11}, 12, DType::f32, -1.0, 3.0);
+  const Tensor unlinked = (*project)((*dw)((*expand)(x)));
+  Sequential chain;
+  chain.push_back(expand);
+  chain.push_back(std::make_shared<Absorbed>("FusedReLU6"));
+  chain.push_back(dw);
+  chain.push_back(project);
+  CHECK(link_int8_chains(chain) == 2);
+  CHECK(expand->output_linked());
+  CHECK(dw->output_linked());
+  CHECK(!project->output_linked());
+  CHECK((*expand)(x).dtype() == DType::u8);
+  const Tensor linked = chain.forward(x);
+  REQUIRE(linked.dtype() == DType::f32);
+  CHECK(max_diff(linked, unlinked) == 0.0);
+}
+
 TEST_CASE("MobileNetV2 PTQ: close to the float model, fewer weight bytes, every observer", "[quant]") {
   for (ObserverKind kind : {ObserverKind::minmax, ObserverKind::ema, ObserverKind::percentile, ObserverKind::mse}) {
     INFO("observer " << observer_kind_name(kind));
@@ -225,6 +291,7 @@ TEST_CASE("MobileNetV2 PTQ: close to the float model, fewer weight bytes, every 
     const auto layers = quantized_layers(*net);
     CHECK(layers.at("features.0.0") == "Int8WeightOnlyConv2d");
     CHECK(layers.at("features.2.conv.0.0") == "Int8Conv2d");
+    CHECK(layers.at("features.2.conv.1.0") == "Int8DepthwiseConv2d");
     CHECK(layers.at("classifier.1") == "Int8Linear");
     INFO("weight bytes fp32 " << fp32_bytes << " int8 " << weight_bytes(*net));
     CHECK(double(fp32_bytes) / double(weight_bytes(*net)) > 3.5);

@@ -1,7 +1,7 @@
-// int8 GEMM: the compiled path (VNNI, AVX2 or scalar, whichever this build has) against the scalar
-// int32 reference, bit for bit: odd sizes and tails in every dimension, every zero point, the f32
-// requantizing epilogue, B quantized from f32 while packing (ties, NaN, huge values), NCHW and
-// transposed layouts, thread-count independence, and errors.
+// int8 GEMM: every path this CPU has (AVX-512 VNNI, AVX2, scalar) against the scalar int32
+// reference, bit for bit: odd sizes and tails in every dimension, every zero point, the f32 and u8
+// requantizing epilogues, B quantized from f32 while packing (ties, NaN, huge values) or read from
+// u8, NCHW and transposed layouts, thread-count independence, and errors.
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <limits>
@@ -11,6 +11,7 @@
 
 #include "core/parallel.h"
 #include "ops/int8_gemm.h"
+#include "tests/ops/int8_isa_paths.h"
 
 using namespace mg;
 
@@ -51,10 +52,7 @@ const Int8Layout row_major(int64_t cols) { return {.group = std::max<int64_t>(co
 }  // namespace
 
 TEST_CASE("int8_gemm int32 output equals the scalar reference bit for bit", "[int8]") {
-  INFO("path: " << int8_gemm_path());
-#ifdef MG_EXPECT_INT8_PATH  // the AVX2 / scalar builds of tests/CMakeLists.txt
-  REQUIRE(std::string(int8_gemm_path()) == MG_EXPECT_INT8_PATH);
-#endif
+  MG_FOR_EACH_INT8_ISA();
   const int64_t sizes[][3] = {{1, 1, 1},   {3, 5, 7},    {4, 16, 2},  {8, 32, 4},   {9, 33, 5},
                               {13, 37, 19}, {33, 65, 130}, {17, 1, 64}, {1, 100, 3}, {64, 48, 96}, {5, 7, 0}};
   uint32_t seed = 1;
@@ -70,6 +68,7 @@ TEST_CASE("int8_gemm int32 output equals the scalar reference bit for bit", "[in
 }
 
 TEST_CASE("int8_gemm's largest sums stay exact (no s16 saturation)", "[int8]") {
+  MG_FOR_EACH_INT8_ISA();
   // every product is -128 * 255 (the extreme a u8 x s8 product): vpmaddubsw would clip pairs
   Problem p{6, 20, 257, std::vector<int8_t>(6 * 257, -128), std::vector<uint8_t>(257 * 20, 255)};
   const Int8PackedA pa = int8_pack_a(a_tensor(p));
@@ -80,6 +79,7 @@ TEST_CASE("int8_gemm's largest sums stay exact (no s16 saturation)", "[int8]") {
 }
 
 TEST_CASE("int8_gemm f32 epilogue equals fma requantization of the reference", "[int8]") {
+  MG_FOR_EACH_INT8_ISA();
   const Problem p = make(21, 45, 67, 99);
   const int32_t zero = 77;
   std::vector<float> scale(size_t(p.M)), bias(size_t(p.M));
@@ -104,9 +104,19 @@ TEST_CASE("int8_gemm f32 epilogue equals fma requantization of the reference", "
   int clamped = 0;
   for (float v : expect) clamped += (v == lo || v == hi);
   REQUIRE(clamped > 0);  // the clamp was exercised
+
+  // u8 output: the same values quantized for the next layer
+  const float out_scale = 0.01f;
+  std::vector<uint8_t> got_u8(ref.size(), 7);
+  int8_gemm(pa, p.N, p.b.data(), row_major(p.N), zero,
+            {.u8 = got_u8.data(), .layout = row_major(p.N), .row_scale = scale.data(), .bias = bias.data(),
+             .clamp_lo = lo, .clamp_hi = hi, .out_inv_scale = 1.f / out_scale, .out_zero = 50});
+  for (size_t i = 0; i < ref.size(); ++i)
+    if (got_u8[i] != quantize_u8(expect[i], 1.f / out_scale, 50)) FAIL_CHECK("u8 element " << i);
 }
 
 TEST_CASE("int8_gemm_quantize_b equals quantize_u8 then the reference, NCHW and transposed layouts", "[int8]") {
+  MG_FOR_EACH_INT8_ISA();
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> d(-3.f, 9.f);
   const float scale = 0.05f, inv = 1.f / scale;
@@ -133,6 +143,13 @@ TEST_CASE("int8_gemm_quantize_b equals quantize_u8 then the reference, NCHW and 
     int8_gemm_quantize_b(pa, p.N, x.data(), nchw, inv, zero, {.i32 = got.data(), .layout = out_nchw});
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < p.N; ++n) REQUIRE(got[size_t(out_nchw.offset(m, n))] == ref[size_t(m * p.N + n)]);
+    // the same activations already quantized (u8 NCHW, as an int8 layer before hands them on)
+    std::vector<uint8_t> xq(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xq[i] = quantize_u8(x[i], inv, zero);
+    std::fill(got.begin(), got.end(), -1);
+    int8_gemm(pa, p.N, xq.data(), nchw, zero, {.i32 = got.data(), .layout = out_nchw});
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < p.N; ++n) REQUIRE(got[size_t(out_nchw.offset(m, n))] == ref[size_t(m * p.N + n)]);
     // B as the transpose of a row-major (N, K) matrix, output transposed (N, M): a Linear layer's layout
     std::vector<float> xt(size_t(p.N * C));
     for (int64_t k = 0; k < C; ++k)
@@ -146,6 +163,7 @@ TEST_CASE("int8_gemm_quantize_b equals quantize_u8 then the reference, NCHW and 
 }
 
 TEST_CASE("int8_gemm gives the same bits on 1 and 2 threads", "[int8]") {
+  MG_FOR_EACH_INT8_ISA();
   const Problem p = make(96, 300, 160, 3);
   const Int8PackedA pa = int8_pack_a(a_tensor(p));
   std::vector<int32_t> c1(size_t(p.M * p.N)), c2(c1.size());
@@ -165,12 +183,12 @@ TEST_CASE("int8_gemm rejects bad arguments with clear errors", "[int8]") {
   std::vector<uint8_t> b(12, 1);
   std::vector<int32_t> c(8);
   REQUIRE_THROWS_WITH(int8_gemm(pa, 4, b.data(), row_major(4), 0, {.layout = row_major(4)}),
-                      Catch::Contains("exactly one of out.i32 and out.f32"));
+                      Catch::Contains("exactly one of out.i32, out.f32 and out.u8"));
   REQUIRE_THROWS_WITH(int8_gemm(pa, 4, b.data(), row_major(4), 300, {.i32 = c.data(), .layout = row_major(4)}),
                       Catch::Contains("zero point 300"));
   std::vector<float> x(12, 1.f), y(8);
   REQUIRE_THROWS_WITH(int8_gemm_quantize_b(pa, 4, x.data(), row_major(4), 0.f, 0, {.f32 = y.data(), .layout = row_major(4)}),
-                      Catch::Contains("needs row_scale"));
+                      Catch::Contains("need row_scale"));
   std::vector<float> s(2, 1.f);
   REQUIRE_THROWS_WITH(int8_gemm_quantize_b(pa, 4, x.data(), row_major(4), 0.f, 0,
                                            {.f32 = y.data(), .layout = row_major(4), .row_scale = s.data()}),
