@@ -34,7 +34,7 @@ struct Int8DepthwiseOut {
   uint8_t* u8 = nullptr;
   const float* scale = nullptr;  // (C)
   const float* bias = nullptr;   // (C) or null
-  Requant q;                     // lo, hi, out_inv_scale, out_zero (its scale and bias are per channel)
+  Requant q{};                   // lo, hi, out_inv_scale, out_zero (its scale and bias are per channel)
 };
 void int8_depthwise(const Int8DepthwiseShape& s, const uint8_t* x, int32_t zx, const int8_t* w,
                     const Int8DepthwiseOut& out);
