@@ -129,7 +129,7 @@ TEST_CASE("prune 2:4: masks cover Linears and 1x1 convs and hold through AdamW s
   int64_t depthwise = 0;
   for (const auto& [name, w] : prunable_weights(mnv2)) {
     const bool in24 = std::any_of(m2.masks_state().begin(), m2.masks_state().end(),
-                                  [&](const auto& e) { return e.first == name; });
+                                  [&name = name](const auto& e) { return e.first == name; });  // clang 14
     if (w.dim() == 4 && w.size(2) == 3) {  // 3x3 (stem, depthwise): not 2:4
       CHECK_FALSE(in24);
       ++depthwise;
