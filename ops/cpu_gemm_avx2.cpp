@@ -16,14 +16,14 @@ namespace {
 
 constexpr int kNr = 16, kMr = 6, kSplitMr = 3;
 
-template <int MR>
+template <int MR, int NV>
 MG_AVX2 inline void step(__m256 (&acc)[MR][2], const float* a, const float* b) {
-  const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+  const __m256 b0 = _mm256_loadu_ps(b), b1 = NV == 2 ? _mm256_loadu_ps(b + 8) : b0;
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     const __m256 ai = _mm256_broadcast_ss(a + i);
     acc[i][0] = _mm256_fmadd_ps(ai, b0, acc[i][0]);
-    acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
+    if (NV == 2) acc[i][1] = _mm256_fmadd_ps(ai, b1, acc[i][1]);
   }
 }
 
@@ -33,7 +33,8 @@ MG_AVX2 inline __m256i lanes_below(int n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx);
 }
 
-template <int MR, Order O>
+// NV vectors of 8 columns (2: the full sliver, 1: narrow; the packed sliver is kNr wide either way).
+template <int MR, int NV, Order O>
 MG_AVX2 void kernel(const MicroTile& t) {
   __m256 acc[MR][2], odd[MR][2];
 #pragma GCC unroll 8
@@ -44,8 +45,8 @@ MG_AVX2 void kernel(const MicroTile& t) {
   if constexpr (O == Order::even_odd) {
     const int64_t peeled = t.kc & ~int64_t(7);
     for (; k < peeled; k += 2, a += 2 * t.a_step, b += 2 * kNr) {
-      step<MR>(acc, a, b);
-      step<MR>(odd, a + t.a_step, b + kNr);
+      step<MR, NV>(acc, a, b);
+      step<MR, NV>(odd, a + t.a_step, b + kNr);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < MR; ++i) {
@@ -53,14 +54,14 @@ MG_AVX2 void kernel(const MicroTile& t) {
       acc[i][1] = _mm256_add_ps(acc[i][1], odd[i][1]);
     }
   }
-  for (; k < t.kc; ++k, a += t.a_step, b += kNr) step<MR>(acc, a, b);
+  for (; k < t.kc; ++k, a += t.a_step, b += kNr) step<MR, NV>(acc, a, b);
   const __m256i m[2] = {lanes_below(t.nr), lanes_below(t.nr - 8)};
   const __m256 alpha = _mm256_set1_ps(t.alpha), beta = _mm256_set1_ps(t.beta);
 #pragma GCC unroll 8
   for (int i = 0; i < MR; ++i) {
     if (i >= t.mr) break;
     float* c = t.c + i * t.ldc;
-    for (int v = 0; v < 2; ++v) {
+    for (int v = 0; v < NV; ++v) {
       __m256 old = _mm256_setzero_ps();  // Init::zero
       if (t.init != Init::zero) old = _mm256_maskload_ps(c + 8 * v, m[v]);
       if (t.init == Init::scale) old = _mm256_mul_ps(beta, old);
@@ -141,8 +142,12 @@ const MicroKernels& avx2_kernels() {
                               kMr,
                               kNr,
                               kSplitMr,
-                              &kernel<kMr, Order::sequential>,
-                              &kernel<kSplitMr, Order::even_odd>,
+                              &kernel<kMr, 2, Order::sequential>,
+                              &kernel<kSplitMr, 2, Order::even_odd>,
+                              8,
+                              kMr,
+                              &kernel<kMr, 1, Order::sequential>,
+                              &kernel<kMr, 1, Order::even_odd>,
                               &transposing<kMr>,
                               &copying<kMr>,
                               &transposing<kNr>,

@@ -22,18 +22,19 @@ inline __mmask16 first_lanes(int64_t n) {
 }
 
 // acc[i][v] = fma(a[i], b[v], acc[i][v]) for one k step.
-template <int MR>
+template <int MR, int NV>
 MG_AVX512 inline void step(__m512 (&acc)[MR][2], const float* a, const float* b) {
-  const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+  const __m512 b0 = _mm512_loadu_ps(b), b1 = NV == 2 ? _mm512_loadu_ps(b + 16) : b0;
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
     const __m512 ai = _mm512_set1_ps(a[i]);
     acc[i][0] = _mm512_fmadd_ps(ai, b0, acc[i][0]);
-    acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
+    if (NV == 2) acc[i][1] = _mm512_fmadd_ps(ai, b1, acc[i][1]);
   }
 }
 
-template <int MR, Order O>
+// NV vectors of 16 columns (2: the full sliver, 1: narrow; the packed sliver is kNr wide either way).
+template <int MR, int NV, Order O>
 MG_AVX512 void kernel(const MicroTile& t) {
   __m512 acc[MR][2], odd[MR][2];
 #pragma GCC unroll 16
@@ -44,8 +45,8 @@ MG_AVX512 void kernel(const MicroTile& t) {
   if constexpr (O == Order::even_odd) {
     const int64_t peeled = t.kc & ~int64_t(7);
     for (; k < peeled; k += 2, a += 2 * t.a_step, b += 2 * kNr) {
-      step<MR>(acc, a, b);
-      step<MR>(odd, a + t.a_step, b + kNr);
+      step<MR, NV>(acc, a, b);
+      step<MR, NV>(odd, a + t.a_step, b + kNr);
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
@@ -53,7 +54,7 @@ MG_AVX512 void kernel(const MicroTile& t) {
       acc[i][1] = _mm512_add_ps(acc[i][1], odd[i][1]);
     }
   }
-  for (; k < t.kc; ++k, a += t.a_step, b += kNr) step<MR>(acc, a, b);
+  for (; k < t.kc; ++k, a += t.a_step, b += kNr) step<MR, NV>(acc, a, b);
   const __mmask16 m0 = first_lanes(t.nr), m1 = first_lanes(t.nr - 16);
   const __m512 alpha = _mm512_set1_ps(t.alpha), beta = _mm512_set1_ps(t.beta);
 #pragma GCC unroll 16
@@ -61,7 +62,7 @@ MG_AVX512 void kernel(const MicroTile& t) {
     if (i >= t.mr) break;
     float* c = t.c + i * t.ldc;
     const __mmask16 m[2] = {m0, m1};
-    for (int v = 0; v < 2; ++v) {
+    for (int v = 0; v < NV; ++v) {
       __m512 old = _mm512_setzero_ps();  // Init::zero
       if (t.init != Init::zero) old = _mm512_maskz_loadu_ps(m[v], c + 16 * v);
       if (t.init == Init::scale) old = _mm512_mul_ps(beta, old);
@@ -144,8 +145,12 @@ const MicroKernels& avx512_kernels() {
                               kMr,
                               kNr,
                               kSplitMr,
-                              &kernel<kMr, Order::sequential>,
-                              &kernel<kSplitMr, Order::even_odd>,
+                              &kernel<kMr, 2, Order::sequential>,
+                              &kernel<kSplitMr, 2, Order::even_odd>,
+                              16,
+                              kMr,
+                              &kernel<kMr, 1, Order::sequential>,
+                              &kernel<kMr, 1, Order::even_odd>,
                               &transposing<kMr>,
                               &copying<kMr>,
                               &transposing<kNr>,

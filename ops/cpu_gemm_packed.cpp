@@ -135,8 +135,10 @@ struct Product {
 // `order`. `ap` holds op(A)'s rows packed from row 0 in slivers of mk.mr; a range may start inside
 // a sliver (the kernel reads its rows at a_step = mk.mr from there).
 void run_rows(const MicroKernels& mk, MicroTile& t, const float* ap, Order order, int64_t lo, int64_t hi, float* c) {
-  const int max_rows = order == Order::sequential ? mk.mr : mk.split_mr;
-  const MicroKernel kernel = order == Order::sequential ? mk.sequential : mk.even_odd;
+  const bool narrow = t.nr <= mk.narrow_nr;
+  const int max_rows = order == Order::sequential ? mk.mr : narrow ? mk.narrow_split_mr : mk.split_mr;
+  const MicroKernel kernel = order == Order::sequential ? (narrow ? mk.narrow_sequential : mk.sequential)
+                                                        : (narrow ? mk.narrow_even_odd : mk.even_odd);
   for (int64_t i = lo; i < hi;) {
     const int64_t off = i % mk.mr;
     const int rows = int(std::min<int64_t>({max_rows, mk.mr - off, hi - i}));
@@ -282,6 +284,10 @@ const MicroKernels& scalar_kernels() {
                               kScalarMr,
                               &scalar_kernel<Order::sequential>,
                               &scalar_kernel<Order::even_odd>,
+                              0,
+                              0,
+                              nullptr,
+                              nullptr,
                               &scalar_transposing<kScalarMr>,
                               &scalar_copying<kScalarMr>,
                               &scalar_transposing<kScalarNr>,

@@ -46,12 +46,16 @@ using MicroKernel = void (*)(const MicroTile&);
 using Packer = void (*)(float* dst, const float* src, int64_t ld, int64_t n, int64_t kc);
 
 // A micro-kernel family: `sequential` handles up to mr rows, `even_odd` (twice the accumulators)
-// up to split_mr rows; both take nr columns. Its packers fill slivers of mr rows of op(A) and nr
+// up to split_mr rows; both take nr columns. The narrow pair does the same for slivers with at
+// most narrow_nr real columns (one vector instead of two; narrow_nr 0: none), so the last sliver
+// of a column block does no padded work. Its packers fill slivers of mr rows of op(A) and nr
 // columns of op(B), from rows of the stored matrix (transposing) or from its columns (copying).
 struct MicroKernels {
   GemmKernel kind;
   int mr, nr, split_mr;
   MicroKernel sequential, even_odd;
+  int narrow_nr, narrow_split_mr;
+  MicroKernel narrow_sequential, narrow_even_odd;
   Packer pack_a_transposing, pack_a_copying, pack_b_transposing, pack_b_copying;
 };
 
