@@ -36,7 +36,7 @@ MG_AVX512 inline void step(__m512 (&acc)[MR][2], const float* a, const float* b)
   }
 }
 
-// NV vectors of 16 columns (2: the full sliver, 1: narrow).
+// NV vectors of 16 columns (2: the full sliver, 1: narrow; the packed sliver is kNr wide either way).
 template <int MR, int NV, Order O>
 MG_AVX512 void kernel(const MicroTile& t) {
   __m512 acc[MR][2], odd[MR][2];
@@ -47,9 +47,9 @@ MG_AVX512 void kernel(const MicroTile& t) {
   int64_t k = 0;
   if constexpr (O == Order::even_odd) {
     const int64_t peeled = t.kc & ~int64_t(7);
-    for (; k < peeled; k += 2, a += 2 * t.a_step, b += 2 * t.b_step) {
+    for (; k < peeled; k += 2, a += 2 * t.a_step, b += 2 * kNr) {
       step<MR, NV>(acc, a, b);
-      step<MR, NV>(odd, a + t.a_step, b + t.b_step);
+      step<MR, NV>(odd, a + t.a_step, b + kNr);
     }
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
@@ -57,7 +57,7 @@ MG_AVX512 void kernel(const MicroTile& t) {
       acc[i][1] = _mm512_add_ps(acc[i][1], odd[i][1]);
     }
   }
-  for (; k < t.kc; ++k, a += t.a_step, b += t.b_step) step<MR, NV>(acc, a, b);
+  for (; k < t.kc; ++k, a += t.a_step, b += kNr) step<MR, NV>(acc, a, b);
   const __mmask16 m0 = first_lanes(t.nr), m1 = first_lanes(t.nr - 16);
   const __m512 alpha = _mm512_set1_ps(t.alpha), beta = _mm512_set1_ps(t.beta);
 #pragma GCC unroll 16
