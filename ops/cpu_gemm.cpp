@@ -155,31 +155,41 @@ const gemm_packed::MicroKernels& micro_kernels(GemmKernel k) {
 
 // One tile, single-threaded: f32 on the packed GEMM (unless Eigen is chosen, or the sizes are
 // ones Eigen runs as a GEMV or coefficient-wise: Eigen then, for its bits), f64 on Eigen.
+// Every row of C (M, N) set to bias (N).
+template <class T>
+void fill_bias(int64_t M, int64_t N, const T* bias, T* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) std::copy(bias, bias + N, C + i * ldc);
+}
+
+// With `bias` (beta is then 1): C's old value is the bias on every row (the packed GEMM reads it
+// in its first k block; other paths fill C with it first, with the same bits).
 template <class T>
 void serial_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-                 const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+                 const T* B, int64_t ldb, T beta, T* C, int64_t ldc, const T* bias = nullptr) {
   if constexpr (std::is_same_v<T, float>) {
     const GemmKernel k = kernel_state().load(std::memory_order_relaxed);
     if (k != GemmKernel::eigen && gemm_packed::handles(M, N, K))
-      return gemm_packed::sgemm(micro_kernels(k), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+      return gemm_packed::sgemm(micro_kernels(k), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
   }
+  if (bias != nullptr) fill_bias(M, N, bias, C, ldc);
   eigen_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 template <class T>
 void gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-          int64_t ldb, T beta, T* C, int64_t ldc) {
+          int64_t ldb, T beta, T* C, int64_t ldc, const T* bias = nullptr) {
   if (M == 0 || N == 0) return;
   check_sizes(M, N, K);
   check_ld(ldc, N, "ldc");
-  if (K == 0) {  // an empty sum: C = beta * C
+  if (K == 0) {  // an empty sum: C = beta * C (or the bias)
+    if (bias != nullptr) return fill_bias(M, N, bias, C, ldc);
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
     return;
   }
   check_ld(lda, ta == Transpose::yes ? M : K, "lda");
   check_ld(ldb, tb == Transpose::yes ? K : N, "ldb");
-  if (M * N * K <= kSerialMacs) return serial_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (M * N * K <= kSerialMacs) return serial_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
   const TileGrid g = plan_tiles(M, N, K);
   parallel_for(0, g.tm * g.tn, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
@@ -188,7 +198,8 @@ void gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, 
       // Rows r0.. of op(A): rows of A, or columns of the stored A^T; columns c0.. of op(B) likewise.
       const T* a = ta == Transpose::no ? A + r0 * lda : A + r0;
       const T* b = tb == Transpose::no ? B + c0 : B + c0 * ldb;
-      serial_gemm(ta, tb, rows, cols, K, alpha, a, lda, b, ldb, beta, C + r0 * ldc + c0, ldc);
+      serial_gemm(ta, tb, rows, cols, K, alpha, a, lda, b, ldb, beta, C + r0 * ldc + c0, ldc,
+                  bias ? bias + c0 : nullptr);
     }
   });
 }
@@ -274,6 +285,12 @@ void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
               int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc) {
   gemm<double>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void cpu_gemm_bias(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                   int64_t lda, const float* B, int64_t ldb, const float* bias, float* C, int64_t ldc) {
+  MG_INTERNAL_ASSERT(bias != nullptr, "cpu_gemm_bias: no bias");
+  gemm<float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc, bias);
 }
 
 const char* gemm_kernel_name(GemmKernel k) {

@@ -19,6 +19,12 @@ void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float
 void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, double alpha, const double* A,
               int64_t lda, const double* B, int64_t ldb, double beta, double* C, int64_t ldc);
 
+// C = alpha * op(A) * op(B) + bias, bias (N) added to every row of C: the bits of filling C's
+// rows with the bias and calling cpu_gemm with beta = 1 (linear's forward), without the pass that
+// writes the bias into C first. C is not read.
+void cpu_gemm_bias(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                   int64_t lda, const float* B, int64_t ldb, const float* bias, float* C, int64_t ldc);
+
 // 16-bit operands and result (Half or BFloat16) with f32 accumulation: each tile of C converts
 // its panel of op(A) (rows x K), of op(B) (K x cols) and its block of C into f32, multiplies in
 // f32 and rounds its C block on store. The panels live in `workspace`, the caller's

@@ -63,7 +63,8 @@ MG_AVX2 void kernel(const MicroTile& t) {
     float* c = t.c + i * t.ldc;
     for (int v = 0; v < NV; ++v) {
       __m256 old = _mm256_setzero_ps();  // Init::zero
-      if (t.init != Init::zero) old = _mm256_maskload_ps(c + 8 * v, m[v]);
+      if (t.init == Init::load || t.init == Init::scale) old = _mm256_maskload_ps(c + 8 * v, m[v]);
+      if (t.init == Init::bias) old = _mm256_maskload_ps(t.bias + 8 * v, m[v]);
       if (t.init == Init::scale) old = _mm256_mul_ps(beta, old);
       _mm256_maskstore_ps(c + 8 * v, m[v], _mm256_fmadd_ps(acc[i][v], alpha, old));
     }

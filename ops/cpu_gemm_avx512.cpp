@@ -67,7 +67,8 @@ MG_AVX512 void kernel(const MicroTile& t) {
     const __mmask16 m[2] = {m0, m1};
     for (int v = 0; v < NV; ++v) {
       __m512 old = _mm512_setzero_ps();  // Init::zero
-      if (t.init != Init::zero) old = _mm512_maskz_loadu_ps(m[v], c + 16 * v);
+      if (t.init == Init::load || t.init == Init::scale) old = _mm512_maskz_loadu_ps(m[v], c + 16 * v);
+      if (t.init == Init::bias) old = _mm512_maskz_loadu_ps(m[v], t.bias + 16 * v);
       if (t.init == Init::scale) old = _mm512_mul_ps(beta, old);
       _mm512_mask_storeu_ps(c + 16 * v, m[v], _mm512_fmadd_ps(acc[i][v], alpha, old));
     }

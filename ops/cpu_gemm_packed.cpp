@@ -118,9 +118,15 @@ void pack_a(const MicroKernels& mk, float* dst, const OpA& a, int64_t i0, int64_
   else mk.pack_a_transposing(dst, a.p + i0 * a.ld + k0, a.ld, rows, kc);
 }
 
-// What C held before this k block's acc is added: C itself, 0, or beta * C (see Init).
-inline float old_value(const float* c, Init init, float beta) {
-  return init == Init::load ? *c : init == Init::zero ? 0.0f : beta * *c;
+// What C held before this k block's acc is added: C itself, 0, beta * C or the bias (see Init).
+inline float old_value(const float* c, Init init, float beta, const float* bias) {
+  switch (init) {
+    case Init::load: return *c;
+    case Init::zero: return 0.0f;
+    case Init::scale: return beta * *c;
+    case Init::bias: return *bias;
+  }
+  return *c;
 }
 
 struct Product {
@@ -129,6 +135,7 @@ struct Product {
   float alpha, beta;
   float* C;
   int64_t ldc;
+  const float* bias;  // (N) or null
 };
 
 // The micro-tiles of rows [lo, hi) of C against one packed sliver of op(B) (t.b, t.nr set), in
@@ -174,6 +181,7 @@ void run_columns(const MicroKernels& mk, const Product& p, const float* ap, Orde
       for (int64_t jr = 0; jr < nb; jr += mk.nr) {
         t.b = bp + jr * kc;
         t.nr = int(std::min<int64_t>(mk.nr, nb - jr));
+        t.bias = p.bias ? p.bias + j0 + jc + jr : nullptr;
         float* c = p.C + j0 + jc + jr;
         if (order == Order::sequential) {
           run_rows(mk, t, ap, order, r0, r1, c);
@@ -225,14 +233,14 @@ void swapped_columns(const Product& p, int64_t M, int64_t nc, int64_t j0, int64_
           for (int r = 0; r < 4; ++r) lane[r] = std::fma(p.a.at(i + r, kk), p.b.at(kk, j), lane[r]);
         for (int r = 0; r < 4; ++r) {
           float* c = p.C + (i + r) * p.ldc + j;
-          *c = std::fma(lane[r], p.alpha, old_value(c, init, p.beta));
+          *c = std::fma(lane[r], p.alpha, old_value(c, init, p.beta, p.bias ? p.bias + j : nullptr));
         }
       }
       for (int64_t i = r2 + r4; i < r2 + rn; ++i) {
         float acc = 0;
         for (int64_t kk = k0; kk < k0 + kc; ++kk) acc = std::fma(p.a.at(i, kk), p.b.at(kk, j), acc);
         float* c = p.C + i * p.ldc + j;
-        *c = std::fma(p.alpha, acc, old_value(c, init, p.beta));
+        *c = std::fma(p.alpha, acc, old_value(c, init, p.beta, p.bias ? p.bias + j : nullptr));
       }
     }
   }
@@ -258,7 +266,7 @@ void scalar_kernel(const MicroTile& t) {
   for (int i = 0; i < t.mr; ++i)
     for (int j = 0; j < t.nr; ++j) {
       float* c = t.c + i * t.ldc + j;
-      *c = std::fma(acc[i][j], t.alpha, old_value(c, t.init, t.beta));
+      *c = std::fma(acc[i][j], t.alpha, old_value(c, t.init, t.beta, t.bias ? t.bias + j : nullptr));
     }
 }
 
@@ -311,16 +319,22 @@ bool handles(int64_t M, int64_t N, int64_t K) {
 }
 
 void sgemm(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha,
-           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           const float* bias) {
   MG_INTERNAL_ASSERT(handles(M, N, K), "gemm_packed::sgemm: sizes M=", M, " N=", N, " K=", K,
                      " belong to Eigen's GEMV or coefficient-wise product");
-  const Product p{{A, lda, ta == Transpose::yes}, {B, ldb, tb == Transpose::yes}, alpha, beta, C, ldc};
+  MG_INTERNAL_ASSERT(bias == nullptr || beta == 1.0f, "gemm_packed::sgemm: a bias needs beta = 1");
+  const Product p{{A, lda, ta == Transpose::yes}, {B, ldb, tb == Transpose::yes}, alpha, beta, C, ldc, bias};
   const Blocking bl = eigen_blocking(M, N, K);
   // Per element only the order of the k blocks matters, so k blocks run outermost and op(A)'s
   // rows are packed once per k block for every column block.
   for (int64_t k2 = 0; k2 < K; k2 += bl.kc) {
     const int64_t kc = std::min(bl.kc, K - k2);
-    const Init init = k2 > 0 || beta == 1.0f ? Init::load : beta == 0.0f ? Init::zero : Init::scale;
+    const Init init = k2 > 0                ? Init::load
+                      : bias != nullptr     ? Init::bias
+                      : beta == 1.0f        ? Init::load
+                      : beta == 0.0f        ? Init::zero
+                                            : Init::scale;
     float* ap = nullptr;
     for (int64_t i2 = 0; i2 < N; i2 += bl.mc) {
       const int64_t cols = std::min(bl.mc, N - i2);

@@ -15,6 +15,7 @@ enum class Init : uint8_t {
   load,   // C += alpha * acc (beta == 1, or not the first k block)
   zero,   // C = alpha * acc + 0 (beta == 0: C is never read; as Eigen's setZero then add)
   scale,  // C = alpha * acc + beta * C (beta * C rounded first, as Eigen's `c *= beta`)
+  bias,   // C = alpha * acc + bias[j] (what `load` gives when C was filled with the bias first)
 };
 
 // How a micro-tile's accumulators sum over k (Note [Eigen's summation order]).
@@ -36,6 +37,7 @@ struct MicroTile {
   int mr, nr;
   float alpha, beta;
   Init init;
+  const float* bias;  // Init::bias: the tile's nr bias values
 };
 using MicroKernel = void (*)(const MicroTile&);
 
@@ -69,10 +71,13 @@ const MicroKernels& avx512_kernels();  // ops/cpu_gemm_avx512.cpp (AVX-512 F)
 bool kernel_supported(GemmKernel k);
 
 // C (M, N) = alpha op(A) op(B) + beta C, single-threaded, in Eigen's order, with kernels `mk`.
+// With `bias` (N floats; beta must be 1) C's old value is bias[j] on every row instead, the
+// bits of filling C with the bias and adding onto it, without that pass over C.
 // Needs M, N >= 2 and M + N + K >= 20 (smaller products take Eigen's other code paths: call
 // Eigen for them).
 void sgemm(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha,
-           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           const float* bias = nullptr);
 
 // Whether sgemm takes a product of these sizes (else Eigen's GEMV or coefficient-wise product).
 bool handles(int64_t M, int64_t N, int64_t K);

@@ -168,3 +168,38 @@ TEST_CASE("GEMM kernel selection names the kernels and refuses what the CPU lack
     if (!cpu_gemm_kernel_supported(k))
       CHECK_THROWS_WITH(set_cpu_gemm_kernel(k), Catch::Contains("this CPU does not run"));
 }
+
+TEST_CASE("cpu_gemm_bias gives the bits of filling C with the bias and adding onto it", "[cpu_gemm]") {
+  KernelGuard guard;
+  std::mt19937 rng(23);
+  const int saved = num_threads();
+  set_num_threads(2);
+  struct Shape3 {
+    int64_t M, N, K;
+    Transpose ta, tb;
+  };
+  const Shape3 shapes[] = {{512, 384, 512, Transpose::no, Transpose::yes}, {70, 131, 300, Transpose::no, Transpose::yes},
+                           {33, 61, 17, Transpose::yes, Transpose::no},    {1, 300, 40, Transpose::no, Transpose::no},
+                           {5, 3, 2, Transpose::no, Transpose::yes},       {9, 26, 0, Transpose::no, Transpose::no}};
+  for (const Shape3& s : shapes) {
+    const int64_t lda = s.ta == Transpose::no ? s.K : s.M, ldb = s.tb == Transpose::no ? s.N : s.K;
+    const std::vector<float> a = random_floats(size_t((s.ta == Transpose::no ? s.M : s.K) * lda) + 1, rng);
+    const std::vector<float> b = random_floats(size_t((s.tb == Transpose::no ? s.K : s.N) * ldb) + 1, rng);
+    const std::vector<float> bias = random_floats(size_t(s.N), rng);
+    for (GemmKernel k : {GemmKernel::eigen, GemmKernel::scalar, GemmKernel::avx2, GemmKernel::avx512}) {
+      if (!cpu_gemm_kernel_supported(k)) continue;
+      INFO("kernel " << gemm_kernel_name(k) << " M=" << s.M << " N=" << s.N << " K=" << s.K);
+      set_cpu_gemm_kernel(GemmKernel::eigen);  // the reference: rows filled, then beta = 1
+      std::vector<float> want(size_t(s.M * s.N));
+      for (int64_t i = 0; i < s.M; ++i) std::copy(bias.begin(), bias.end(), want.begin() + i * s.N);
+      cpu_gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data(), std::max<int64_t>(lda, 1), b.data(), std::max<int64_t>(ldb, 1),
+               1.0f, want.data(), s.N);
+      set_cpu_gemm_kernel(k);
+      std::vector<float> got(size_t(s.M * s.N), std::numeric_limits<float>::quiet_NaN());  // C is not read
+      cpu_gemm_bias(s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data(), std::max<int64_t>(lda, 1), b.data(),
+                    std::max<int64_t>(ldb, 1), bias.data(), got.data(), s.N);
+      CHECK(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)) == 0);
+    }
+  }
+  set_num_threads(saved);
+}
