@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -175,6 +176,38 @@ void serial_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T 
   eigen_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// The f32 grid on the packed GEMM: each thread takes a run of consecutive tiles and packs their
+// shared operand rows and columns once (gemm_packed::sgemm_tiles); the tiles' bits are their own,
+// whichever thread runs them. False when the Eigen kernel is chosen or a tile needs Eigen's other
+// code paths or the tiles' k blocks differ (then every tile runs on its own).
+bool packed_grid(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+                 const TileGrid& g) {
+  const GemmKernel k = kernel_state().load(std::memory_order_relaxed);
+  if (k == GemmKernel::eigen) return false;
+  std::vector<gemm_packed::Tile> tiles;
+  tiles.reserve(size_t(g.tm * g.tn));
+  for (int64_t t = 0; t < g.tm * g.tn; ++t) {
+    const int64_t r0 = (t / g.tn) * g.rows, c0 = (t % g.tn) * g.cols;
+    const int64_t rows = std::min(g.rows, M - r0), cols = std::min(g.cols, N - c0);
+    if (!gemm_packed::handles(rows, cols, K)) return false;
+    tiles.push_back({r0, rows, c0, cols, gemm_packed::blocking(rows, cols, K)});
+    if (tiles.back().bl.kc != tiles[0].bl.kc) return false;
+  }
+  // Runs of tiles by thread: which thread runs a tile changes no bits, so the thread count may
+  // decide the runs (one per thread; one run inside another parallel region).
+  const int64_t n = int64_t(tiles.size());
+  const int64_t runs = in_parallel_region() ? 1 : std::clamp<int64_t>(num_threads(), 1, n);
+  const gemm_packed::MicroKernels& mk = micro_kernels(k);
+  parallel_for(0, runs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const std::vector<gemm_packed::Tile> run(tiles.begin() + r * n / runs, tiles.begin() + (r + 1) * n / runs);
+      gemm_packed::sgemm_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, run);
+    }
+  });
+  return true;
+}
+
 template <class T>
 void gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
           int64_t ldb, T beta, T* C, int64_t ldc, const T* bias = nullptr) {
@@ -191,6 +224,9 @@ void gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, 
   check_ld(ldb, tb == Transpose::yes ? K : N, "ldb");
   if (M * N * K <= kSerialMacs) return serial_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
   const TileGrid g = plan_tiles(M, N, K);
+  if constexpr (std::is_same_v<T, float>) {
+    if (packed_grid(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, g)) return;
+  }
   parallel_for(0, g.tm * g.tn, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r0 = (t / g.tn) * g.rows, c0 = (t % g.tn) * g.cols;

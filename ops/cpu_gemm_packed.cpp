@@ -26,6 +26,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "core/error.h"
 
@@ -42,9 +43,6 @@ static_assert(Traits::nr == 4 && Traits::mr == 3 * Traits::LhsProgress,
 static_assert(kP == 4 || kP == 8 || kP == 16, "Eigen's float packet has 4, 8 or 16 lanes");
 
 // Eigen's k, column and row blocks of a product (its GEMM for a row-major destination).
-struct Blocking {
-  int64_t kc, mc, nc;
-};
 Blocking eigen_blocking(int64_t M, int64_t N, int64_t K) {
   Eigen::Index kc = K, mc = N, nc = M;
   ei::computeProductBlockingSizes<float, float, 1>(kc, mc, nc, Eigen::Index(1));
@@ -102,7 +100,8 @@ Scratch& scratch() {
   return s;
 }
 
-constexpr int64_t kPanelFloats = 96 * 1024;  // each packed block stays within ~384 KiB (L2)
+constexpr int64_t kPanelFloats = 96 * 1024;  // each packed chunk of op(B) stays within ~384 KiB (L2)
+constexpr int64_t kMaxAFloats = 256 * 1024;  // op(A) blocks of several tiles' rows stay within ~1 MiB
 
 // op(B)'s columns [j0, j0 + cols) over k [k0, k0 + kc) into slivers of nr columns: op(B)(k, j) is
 // B[j * ld + k] (stored rows are op(B)'s columns) or B[k * ld + j].
@@ -140,7 +139,7 @@ struct Product {
 
 // The micro-tiles of rows [lo, hi) of C against one packed sliver of op(B) (t.b, t.nr set), in
 // `order`. `ap` holds op(A)'s rows packed from row 0 in slivers of mk.mr; a range may start inside
-// a sliver (the kernel reads its rows at a_step = mk.mr from there).
+// a sliver (the kernel reads its rows at a_step = mk.mr from there). c: C at row 0 of `ap`.
 void run_rows(const MicroKernels& mk, MicroTile& t, const float* ap, Order order, int64_t lo, int64_t hi, float* c) {
   const bool narrow = t.nr <= mk.narrow_nr;
   const int max_rows = order == Order::sequential ? mk.mr : narrow ? mk.narrow_split_mr : mk.split_mr;
@@ -157,11 +156,18 @@ void run_rows(const MicroKernels& mk, MicroTile& t, const float* ap, Order order
   }
 }
 
-// One k block of the columns [j0, j0 + cols) of an mc block, all of them summed in `order` (but
-// the last nc % 4 rows of each nc block sequentially: Note [Eigen's summation order]), against
-// op(A)'s rows packed in `ap`. op(B) is packed here, a chunk of columns at a time.
-void run_columns(const MicroKernels& mk, const Product& p, const float* ap, Order order, int64_t M, int64_t nc,
-                 int64_t j0, int64_t cols, int64_t k0, int64_t kc, Init init) {
+// The rows a column block meets: tiles of one column range, rows [a0, a0 + rows) of the packed
+// op(A) block each, with their own Eigen row blocking nc.
+struct RowSpan {
+  int64_t a0, rows, nc;
+};
+
+// One k block of the columns [j0, j0 + cols) (of an mc block of every tile in `spans`), all summed
+// in `order` (but the last nc % 4 rows of each nc block sequentially: Note [Eigen's summation
+// order]), against op(A)'s rows packed in `ap` from row `lo` of C on. op(B) is packed here once, a
+// chunk of columns at a time, for all the spans.
+void run_columns(const MicroKernels& mk, const Product& p, const float* ap, int64_t lo, const std::vector<RowSpan>& spans,
+                 Order order, int64_t j0, int64_t cols, int64_t k0, int64_t kc, Init init) {
   if (cols <= 0) return;
   const int64_t ncb = std::max<int64_t>(mk.nr, kPanelFloats / kc / mk.nr * mk.nr);
   float* bp = scratch().get_b(kc * ((std::min(ncb, cols) + mk.nr - 1) / mk.nr * mk.nr));
@@ -175,24 +181,27 @@ void run_columns(const MicroKernels& mk, const Product& p, const float* ap, Orde
   for (int64_t jc = 0; jc < cols; jc += ncb) {
     const int64_t nb = std::min(ncb, cols - jc);
     pack_b(mk, bp, p.b, k0, kc, j0 + jc, nb);
-    // A sliver of rows stays in L1 while it meets every packed sliver of columns.
-    for (int64_t r0 = 0; r0 < M; r0 += mk.mr) {
-      const int64_t r1 = std::min(M, r0 + mk.mr);
-      for (int64_t jr = 0; jr < nb; jr += mk.nr) {
-        t.b = bp + jr * kc;
-        t.nr = int(std::min<int64_t>(mk.nr, nb - jr));
-        t.bias = p.bias ? p.bias + j0 + jc + jr : nullptr;
-        float* c = p.C + j0 + jc + jr;
-        if (order == Order::sequential) {
-          run_rows(mk, t, ap, order, r0, r1, c);
-          continue;
-        }
-        // even_odd up to each nc block's last multiple of 4 rows, sequential after it.
-        for (int64_t i = r0; i < r1;) {
-          const int64_t block = i / nc * nc, end4 = block + std::min(nc, M - block) / 4 * 4;
-          const int64_t stop = std::min(r1, i < end4 ? end4 : block + nc);
-          run_rows(mk, t, ap, i < end4 ? Order::even_odd : Order::sequential, i, stop, c);
-          i = stop;
+    for (const RowSpan& sp : spans) {
+      // A sliver of rows stays in L1 while it meets every packed sliver of columns.
+      for (int64_t r0 = sp.a0; r0 < sp.a0 + sp.rows; r0 = (r0 / mk.mr + 1) * mk.mr) {
+        const int64_t r1 = std::min(sp.a0 + sp.rows, (r0 / mk.mr + 1) * mk.mr);
+        for (int64_t jr = 0; jr < nb; jr += mk.nr) {
+          t.b = bp + jr * kc;
+          t.nr = int(std::min<int64_t>(mk.nr, nb - jr));
+          t.bias = p.bias ? p.bias + j0 + jc + jr : nullptr;
+          float* c = p.C + lo * p.ldc + j0 + jc + jr;
+          if (order == Order::sequential) {
+            run_rows(mk, t, ap, order, r0, r1, c);
+            continue;
+          }
+          // even_odd up to each nc block's last multiple of 4 rows, sequential after it.
+          for (int64_t i = r0; i < r1;) {
+            const int64_t block = sp.a0 + (i - sp.a0) / sp.nc * sp.nc;
+            const int64_t end4 = block + std::min(sp.nc, sp.a0 + sp.rows - block) / 4 * 4;
+            const int64_t stop = std::min(r1, i < end4 ? end4 : block + sp.nc);
+            run_rows(mk, t, ap, i < end4 ? Order::even_odd : Order::sequential, i, stop, c);
+            i = stop;
+          }
         }
       }
     }
@@ -318,36 +327,96 @@ bool handles(int64_t M, int64_t N, int64_t K) {
   return M >= 2 && N >= 2 && K >= 1 && K + M + N >= 20;
 }
 
-void sgemm(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha,
-           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
-           const float* bias) {
-  MG_INTERNAL_ASSERT(handles(M, N, K), "gemm_packed::sgemm: sizes M=", M, " N=", N, " K=", K,
-                     " belong to Eigen's GEMV or coefficient-wise product");
+Blocking blocking(int64_t M, int64_t N, int64_t K) { return eigen_blocking(M, N, K); }
+
+// sgemm_tiles on a run whose op(A) rows fit one packed block.
+void run_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A, int64_t lda,
+                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+                 const std::vector<Tile>& tiles) {
+  MG_INTERNAL_ASSERT(!tiles.empty(), "gemm_packed::sgemm_tiles: no tiles");
   MG_INTERNAL_ASSERT(bias == nullptr || beta == 1.0f, "gemm_packed::sgemm: a bias needs beta = 1");
+  const int64_t kcb = tiles[0].bl.kc;
+  int64_t lo = tiles[0].r0, hi = lo;
+  for (const Tile& tl : tiles) {
+    MG_INTERNAL_ASSERT(handles(tl.rows, tl.cols, K) && tl.bl.kc == kcb, "gemm_packed::sgemm_tiles: tile (", tl.rows,
+                       ", ", tl.cols, ") with k block ", tl.bl.kc, " cannot share k blocks of ", kcb);
+    lo = std::min(lo, tl.r0);
+    hi = std::max(hi, tl.r0 + tl.rows);
+  }
   const Product p{{A, lda, ta == Transpose::yes}, {B, ldb, tb == Transpose::yes}, alpha, beta, C, ldc, bias};
-  const Blocking bl = eigen_blocking(M, N, K);
+  // Column groups: tiles of one column range and mc blocking share each packed chunk of op(B).
+  std::vector<std::vector<size_t>> groups;
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    auto same = [&](const std::vector<size_t>& g) {
+      const Tile& t0 = tiles[g[0]];
+      return t0.c0 == tiles[i].c0 && t0.cols == tiles[i].cols && t0.bl.mc == tiles[i].bl.mc;
+    };
+    auto it = std::find_if(groups.begin(), groups.end(), same);
+    if (it == groups.end()) groups.push_back({i});
+    else it->push_back(i);
+  }
+  std::vector<RowSpan> spans;
   // Per element only the order of the k blocks matters, so k blocks run outermost and op(A)'s
-  // rows are packed once per k block for every column block.
-  for (int64_t k2 = 0; k2 < K; k2 += bl.kc) {
-    const int64_t kc = std::min(bl.kc, K - k2);
+  // rows are packed once per k block for every tile and column block (+ mk.mr floats of slack:
+  // a kernel starting inside the last sliver reads its full height).
+  float* ap = scratch().get_a(kcb * ((hi - lo + mk.mr - 1) / mk.mr * mk.mr) + mk.mr);
+  for (int64_t k2 = 0; k2 < K; k2 += kcb) {
+    const int64_t kc = std::min(kcb, K - k2);
     const Init init = k2 > 0                ? Init::load
                       : bias != nullptr     ? Init::bias
                       : beta == 1.0f        ? Init::load
                       : beta == 0.0f        ? Init::zero
                                             : Init::scale;
-    float* ap = nullptr;
-    for (int64_t i2 = 0; i2 < N; i2 += bl.mc) {
-      const int64_t cols = std::min(bl.mc, N - i2);
-      const Segments seg = segments(cols);
-      if (seg.pq > 0 && ap == nullptr) {
-        ap = scratch().get_a(kc * ((M + mk.mr - 1) / mk.mr * mk.mr));
-        pack_a(mk, ap, p.a, 0, M, k2, kc);
+    pack_a(mk, ap, p.a, lo, hi - lo, k2, kc);
+    for (const std::vector<size_t>& g : groups) {
+      const Tile& t0 = tiles[g[0]];
+      spans.clear();
+      for (size_t i : g) spans.push_back({tiles[i].r0 - lo, tiles[i].rows, tiles[i].bl.nc});
+      for (int64_t i2 = 0; i2 < t0.cols; i2 += t0.bl.mc) {
+        const int64_t cols = std::min(t0.bl.mc, t0.cols - i2), j0 = t0.c0 + i2;
+        const Segments seg = segments(cols);
+        run_columns(mk, p, ap, lo, spans, Order::sequential, j0, seg.p2, k2, kc, init);
+        run_columns(mk, p, ap, lo, spans, Order::even_odd, j0 + seg.p2, seg.pq - seg.p2, k2, kc, init);
+        for (size_t i : g) {  // C and op(A) from the tile's first row on
+          const Tile& tl = tiles[i];
+          Product pt = p;
+          pt.a.p = p.a.t ? p.a.p + tl.r0 : p.a.p + tl.r0 * p.a.ld;
+          pt.C = p.C + tl.r0 * p.ldc;
+          swapped_columns(pt, tl.rows, tl.bl.nc, j0 + seg.pq, cols - seg.pq, k2, kc, init);
+        }
       }
-      run_columns(mk, p, ap, Order::sequential, M, bl.nc, i2, seg.p2, k2, kc, init);
-      run_columns(mk, p, ap, Order::even_odd, M, bl.nc, i2 + seg.p2, seg.pq - seg.p2, k2, kc, init);
-      swapped_columns(p, M, bl.nc, i2 + seg.pq, cols - seg.pq, k2, kc, init);
     }
   }
+}
+
+void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A, int64_t lda,
+                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+                 const std::vector<Tile>& tiles) {
+  // Consecutive tiles of one grid row share its rows; rows are gathered while the packed op(A)
+  // block stays within kMaxAFloats (always at least one row of tiles).
+  std::vector<Tile> part;
+  int64_t lo = 0, hi = 0;
+  for (const Tile& tl : tiles) {
+    const bool new_row = part.empty() || tl.r0 != part.back().r0;
+    const int64_t nlo = part.empty() ? tl.r0 : std::min(lo, tl.r0), nhi = part.empty() ? tl.r0 + tl.rows : std::max(hi, tl.r0 + tl.rows);
+    if (new_row && !part.empty() && (nhi - nlo) * tl.bl.kc > kMaxAFloats) {
+      run_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, part);
+      part.clear();
+      lo = tl.r0, hi = tl.r0 + tl.rows;
+    } else {
+      lo = nlo, hi = nhi;
+    }
+    part.push_back(tl);
+  }
+  if (!part.empty()) run_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, part);
+}
+
+void sgemm(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha,
+           const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc,
+           const float* bias) {
+  MG_INTERNAL_ASSERT(handles(M, N, K), "gemm_packed::sgemm: sizes M=", M, " N=", N, " K=", K,
+                     " belong to Eigen's GEMV or coefficient-wise product");
+  sgemm_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, {Tile{0, M, 0, N, eigen_blocking(M, N, K)}});
 }
 
 }  // namespace mg::gemm_packed

@@ -5,6 +5,7 @@
 // last one and every loss in memgrad stays what it was (Note [Eigen's summation order]).
 #pragma once
 #include <cstdint>
+#include <vector>
 
 #include "ops/cpu_gemm.h"
 
@@ -81,5 +82,27 @@ void sgemm(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t M, int64_
 
 // Whether sgemm takes a product of these sizes (else Eigen's GEMV or coefficient-wise product).
 bool handles(int64_t M, int64_t N, int64_t K);
+
+// Eigen's k, column (mc) and row (nc) blocks of an (M, N, K) product: what the sums depend on.
+struct Blocking {
+  int64_t kc, mc, nc;
+};
+Blocking blocking(int64_t M, int64_t N, int64_t K);
+
+// One tile of cpu_gemm's grid: C's rows [r0, r0 + rows) and columns [c0, c0 + cols), an Eigen
+// product of that size (blocking bl = blocking(rows, cols, K)) of its own.
+struct Tile {
+  int64_t r0, rows, c0, cols;
+  Blocking bl;
+};
+
+// Several tiles of one product on one thread, each with the bits of its own sgemm, but op(A)'s rows
+// packed once per k block for all of them and each chunk of op(B) once for the tiles of its column
+// range (the tiles of a grid otherwise repack what their row and column neighbours packed).
+// A, B, C, bias: the whole product's (tiles index into them). Every tile must be handled() and
+// all must share bl.kc.
+void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A, int64_t lda,
+                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+                 const std::vector<Tile>& tiles);
 
 }  // namespace mg::gemm_packed

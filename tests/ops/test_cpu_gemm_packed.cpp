@@ -109,9 +109,15 @@ TEST_CASE("packed GEMM gives Eigen's bits on large products, tiled and threaded"
   KernelGuard guard;
   std::mt19937 rng(11);
   const int saved = num_threads();
-  set_num_threads(2);
+  // Threads take runs of tiles and share packed rows and columns across them: 3 threads cut the
+  // grid's rows between runs.
+  const int threads = GENERATE(1, 2, 3);
+  set_num_threads(threads);
+  INFO("threads " << threads);
   const Case cases[] = {
       {512, 384, 512, Transpose::no, Transpose::yes, 1.0f, 0.0f},     // linear forward
+      {2048, 1536, 96, Transpose::no, Transpose::yes, 1.0f, 1.0f},    // a 4 x 4 grid of 512 x 384 tiles
+      {1000, 700, 200, Transpose::yes, Transpose::no, 0.5f, 0.25f},   // a grid with edge tiles
       {300, 1030, 260, Transpose::no, Transpose::no, 1.0f, 1.0f, 1},  // linear's bias (beta 1), many mc blocks
       {258, 130, 2050, Transpose::yes, Transpose::no, 1.0f, 0.0f},    // a weight gradient: several kc blocks
       {1030, 70, 300, Transpose::yes, Transpose::yes, 0.125f, 0.5f},  // several nc blocks with row tails
