@@ -200,10 +200,9 @@ bool packed_grid(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, fl
   const int64_t runs = in_parallel_region() ? 1 : std::clamp<int64_t>(num_threads(), 1, n);
   const gemm_packed::MicroKernels& mk = micro_kernels(k);
   parallel_for(0, runs, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const std::vector<gemm_packed::Tile> run(tiles.begin() + r * n / runs, tiles.begin() + (r + 1) * n / runs);
-      gemm_packed::sgemm_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, run);
-    }
+    for (int64_t r = begin; r < end; ++r)
+      gemm_packed::sgemm_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, tiles.data() + r * n / runs,
+                               size_t((r + 1) * n / runs - r * n / runs));
   });
   return true;
 }

@@ -329,33 +329,33 @@ bool handles(int64_t M, int64_t N, int64_t K) {
 
 Blocking blocking(int64_t M, int64_t N, int64_t K) { return eigen_blocking(M, N, K); }
 
-// sgemm_tiles on a run whose op(A) rows fit one packed block.
+// sgemm_tiles on n consecutive tiles whose op(A) rows fit one packed block.
 void run_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
-                 const std::vector<Tile>& tiles) {
-  MG_INTERNAL_ASSERT(!tiles.empty(), "gemm_packed::sgemm_tiles: no tiles");
+               const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias, const Tile* tiles,
+               size_t n) {
+  MG_INTERNAL_ASSERT(n > 0, "gemm_packed::sgemm_tiles: no tiles");
   MG_INTERNAL_ASSERT(bias == nullptr || beta == 1.0f, "gemm_packed::sgemm: a bias needs beta = 1");
   const int64_t kcb = tiles[0].bl.kc;
   int64_t lo = tiles[0].r0, hi = lo;
-  for (const Tile& tl : tiles) {
+  for (size_t i = 0; i < n; ++i) {
+    const Tile& tl = tiles[i];
     MG_INTERNAL_ASSERT(handles(tl.rows, tl.cols, K) && tl.bl.kc == kcb, "gemm_packed::sgemm_tiles: tile (", tl.rows,
                        ", ", tl.cols, ") with k block ", tl.bl.kc, " cannot share k blocks of ", kcb);
     lo = std::min(lo, tl.r0);
     hi = std::max(hi, tl.r0 + tl.rows);
   }
   const Product p{{A, lda, ta == Transpose::yes}, {B, ldb, tb == Transpose::yes}, alpha, beta, C, ldc, bias};
-  // Column groups: tiles of one column range and mc blocking share each packed chunk of op(B).
-  std::vector<std::vector<size_t>> groups;
-  for (size_t i = 0; i < tiles.size(); ++i) {
-    auto same = [&](const std::vector<size_t>& g) {
-      const Tile& t0 = tiles[g[0]];
-      return t0.c0 == tiles[i].c0 && t0.cols == tiles[i].cols && t0.bl.mc == tiles[i].bl.mc;
-    };
-    auto it = std::find_if(groups.begin(), groups.end(), same);
-    if (it == groups.end()) groups.push_back({i});
-    else it->push_back(i);
-  }
-  std::vector<RowSpan> spans;
+  // Column groups: tiles of one column range and mc blocking share each packed chunk of op(B); a
+  // group is led by its first tile.
+  auto same_columns = [&](size_t i, size_t j) {
+    return tiles[i].c0 == tiles[j].c0 && tiles[i].cols == tiles[j].cols && tiles[i].bl.mc == tiles[j].bl.mc;
+  };
+  auto leader = [&](size_t i) {
+    size_t j = 0;
+    while (!same_columns(j, i)) ++j;
+    return j;
+  };
+  thread_local std::vector<RowSpan> spans;  // reused: no allocation per product
   // Per element only the order of the k blocks matters, so k blocks run outermost and op(A)'s
   // rows are packed once per k block for every tile and column block (+ mk.mr floats of slack:
   // a kernel starting inside the last sliver reads its full height).
@@ -368,16 +368,20 @@ void run_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, fl
                       : beta == 0.0f        ? Init::zero
                                             : Init::scale;
     pack_a(mk, ap, p.a, lo, hi - lo, k2, kc);
-    for (const std::vector<size_t>& g : groups) {
-      const Tile& t0 = tiles[g[0]];
+    for (size_t g = 0; g < n; ++g) {
+      if (leader(g) != g) continue;
+      const Tile& t0 = tiles[g];
       spans.clear();
-      for (size_t i : g) spans.push_back({tiles[i].r0 - lo, tiles[i].rows, tiles[i].bl.nc});
+      for (size_t i = g; i < n; ++i)
+        if (same_columns(g, i)) spans.push_back({tiles[i].r0 - lo, tiles[i].rows, tiles[i].bl.nc});
       for (int64_t i2 = 0; i2 < t0.cols; i2 += t0.bl.mc) {
         const int64_t cols = std::min(t0.bl.mc, t0.cols - i2), j0 = t0.c0 + i2;
         const Segments seg = segments(cols);
         run_columns(mk, p, ap, lo, spans, Order::sequential, j0, seg.p2, k2, kc, init);
         run_columns(mk, p, ap, lo, spans, Order::even_odd, j0 + seg.p2, seg.pq - seg.p2, k2, kc, init);
-        for (size_t i : g) {  // C and op(A) from the tile's first row on
+        if (seg.pq == cols) continue;
+        for (size_t i = g; i < n; ++i) {  // C and op(A) from the tile's first row on
+          if (!same_columns(g, i)) continue;
           const Tile& tl = tiles[i];
           Product pt = p;
           pt.a.p = p.a.t ? p.a.p + tl.r0 : p.a.p + tl.r0 * p.a.ld;
@@ -390,25 +394,25 @@ void run_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, fl
 }
 
 void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
-                 const std::vector<Tile>& tiles) {
+                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias, const Tile* tiles,
+                 size_t n) {
   // Consecutive tiles of one grid row share its rows; rows are gathered while the packed op(A)
   // block stays within kMaxAFloats (always at least one row of tiles).
-  std::vector<Tile> part;
+  size_t first = 0;
   int64_t lo = 0, hi = 0;
-  for (const Tile& tl : tiles) {
-    const bool new_row = part.empty() || tl.r0 != part.back().r0;
-    const int64_t nlo = part.empty() ? tl.r0 : std::min(lo, tl.r0), nhi = part.empty() ? tl.r0 + tl.rows : std::max(hi, tl.r0 + tl.rows);
-    if (new_row && !part.empty() && (nhi - nlo) * tl.bl.kc > kMaxAFloats) {
-      run_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, part);
-      part.clear();
+  for (size_t i = 0; i < n; ++i) {
+    const Tile& tl = tiles[i];
+    const bool new_row = i > first && tl.r0 != tiles[i - 1].r0;
+    const int64_t nlo = i == first ? tl.r0 : std::min(lo, tl.r0), nhi = i == first ? tl.r0 + tl.rows : std::max(hi, tl.r0 + tl.rows);
+    if (new_row && (nhi - nlo) * tl.bl.kc > kMaxAFloats) {
+      run_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, tiles + first, i - first);
+      first = i;
       lo = tl.r0, hi = tl.r0 + tl.rows;
     } else {
       lo = nlo, hi = nhi;
     }
-    part.push_back(tl);
   }
-  if (!part.empty()) run_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, part);
+  if (n > first) run_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, tiles + first, n - first);
 }
 
 void sgemm(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha,
@@ -416,7 +420,8 @@ void sgemm(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t M, int64_
            const float* bias) {
   MG_INTERNAL_ASSERT(handles(M, N, K), "gemm_packed::sgemm: sizes M=", M, " N=", N, " K=", K,
                      " belong to Eigen's GEMV or coefficient-wise product");
-  sgemm_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, {Tile{0, M, 0, N, eigen_blocking(M, N, K)}});
+  const Tile tile{0, M, 0, N, eigen_blocking(M, N, K)};
+  run_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, &tile, 1);
 }
 
 }  // namespace mg::gemm_packed

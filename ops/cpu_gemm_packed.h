@@ -5,7 +5,6 @@
 // last one and every loss in memgrad stays what it was (Note [Eigen's summation order]).
 #pragma once
 #include <cstdint>
-#include <vector>
 
 #include "ops/cpu_gemm.h"
 
@@ -102,7 +101,7 @@ struct Tile {
 // A, B, C, bias: the whole product's (tiles index into them). Every tile must be handled() and
 // all must share bl.kc.
 void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
-                 const std::vector<Tile>& tiles);
+                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias, const Tile* tiles,
+                 size_t n);
 
 }  // namespace mg::gemm_packed
