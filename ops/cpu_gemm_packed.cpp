@@ -38,9 +38,14 @@ using Traits = ei::gebp_traits<float, float>;
 using HalfTraits = ei::gebp_traits<float, float, false, false, Eigen::Architecture::Target, ei::GEBPPacketHalf>;
 using QuarterTraits = ei::gebp_traits<float, float, false, false, Eigen::Architecture::Target, ei::GEBPPacketQuarter>;
 constexpr int64_t kP = Traits::LhsProgress, kPh = HalfTraits::LhsProgress, kPq = QuarterTraits::LhsProgress;
-static_assert(Traits::nr == 4 && Traits::mr == 3 * Traits::LhsProgress,
-              "the order emulated here is Eigen 3.4's gebp with nr = 4 and mr = 3 packets");
-static_assert(kP == 4 || kP == 8 || kP == 16, "Eigen's float packet has 4, 8 or 16 lanes");
+// The order emulated here is Eigen 3.4's gebp with FMA: nr = 4, mr = 3 packets of 4, 8 or 16
+// lanes. A build whose Eigen has no FMA (no -march=native on x86) multiplies and adds apart:
+// there every product stays with Eigen (handles() is false).
+#if defined(EIGEN_VECTORIZE_FMA)
+constexpr bool kEigenOrder = Traits::nr == 4 && Traits::mr == 3 * kP && (kP == 4 || kP == 8 || kP == 16);
+#else
+constexpr bool kEigenOrder = false;
+#endif
 
 // Eigen's k, column and row blocks of a product (its GEMM for a row-major destination).
 Blocking eigen_blocking(int64_t M, int64_t N, int64_t K) {
@@ -216,6 +221,7 @@ void run_columns(const MicroKernels& mk, const Product& p, const float* ap, int6
 void swapped_columns(const Product& p, int64_t M, int64_t nc, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
                      Init init) {
   constexpr int64_t spk = std::max<int64_t>(1, kP / 4);
+  static_assert(kP <= 16, "lanes of at most 16");
   const int64_t endk = kc / spk * spk, endk4 = kc / (spk * 4) * (spk * 4);
   for (int64_t j = j0; j < j0 + cols; ++j) {
     for (int64_t r2 = 0; r2 < M; r2 += nc) {
@@ -324,7 +330,7 @@ bool kernel_supported(GemmKernel k) {
 
 bool handles(int64_t M, int64_t N, int64_t K) {
   // Eigen takes M == 1 or N == 1 to its GEMV and K + M + N < 20 to its coefficient-wise product.
-  return M >= 2 && N >= 2 && K >= 1 && K + M + N >= 20;
+  return kEigenOrder && M >= 2 && N >= 2 && K >= 1 && K + M + N >= 20;
 }
 
 Blocking blocking(int64_t M, int64_t N, int64_t K) { return eigen_blocking(M, N, K); }

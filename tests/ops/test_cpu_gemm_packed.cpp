@@ -173,6 +173,15 @@ TEST_CASE("GEMM kernel selection names the kernels and refuses what the CPU lack
   for (GemmKernel k : {GemmKernel::avx2, GemmKernel::avx512})
     if (!cpu_gemm_kernel_supported(k))
       CHECK_THROWS_WITH(set_cpu_gemm_kernel(k), Catch::Contains("this CPU does not run"));
+#if defined(__FMA__)
+  // With FMA, Eigen's order is the one emulated: the packed GEMM takes every product but the
+  // GEMV and coefficient-wise ones (the bit-for-bit tests above compare it, not Eigen with itself).
+  CHECK(gemm_packed::handles(64, 64, 64));
+  CHECK(gemm_packed::handles(2, 2, 16));
+  CHECK_FALSE(gemm_packed::handles(1, 64, 64));
+  CHECK_FALSE(gemm_packed::handles(64, 1, 64));
+  CHECK_FALSE(gemm_packed::handles(5, 5, 5));
+#endif
 }
 
 TEST_CASE("cpu_gemm_bias gives the bits of filling C with the bias and adding onto it", "[cpu_gemm]") {
