@@ -78,7 +78,8 @@ int main(int argc, char** argv) {
     else if (flag == "--warmup") warmup = v;
     else if (flag == "--threads") threads = v;
     else {
-      std::fprintf(stderr, "compare_step: unknown flag '%s' (known: --steps, --warmup, --threads, --profile-ops)\n", flag.c_str());
+      std::fprintf(stderr, "compare_step: unknown flag '%s' (known: --steps, --warmup, --threads, --profile-ops)\n",
+                   flag.c_str());
       return 2;
     }
   }
