@@ -1,7 +1,10 @@
 // f32 C = A * B (row-major, n x n) at n = 512, 1024, 2048 through (a) mg::matmul, (b) Eigen's
 // GEMM called directly and (c) cblas_sgemm called directly: how much memgrad's dispatch costs over
 // the library it calls (cpu_gemm), and whether Eigen would be the faster library to call.
-// Each reports GFLOP/s (2 n^3 flops per call) as a rate counter.
+// (d) BM_GemmKernel: cpu_gemm on the GPT workloads' products with each f32 kernel (eigen = the
+// GEMM memgrad used before its packed one), single-threaded (GFLOP/s per core, from CPU time, so
+// a busy machine disturbs it less) and on 2 threads (wall time).
+// Each reports GFLOP/s (2 M N K flops per call) as a rate counter.
 // Run: OMP_NUM_THREADS=2 build/<dir>/bench/bench_matmul --benchmark_min_time=0.5
 #include <benchmark/benchmark.h>
 #include <cblas.h>
@@ -14,7 +17,9 @@
 #include <Eigen/Core>
 #include <cstdint>
 
+#include "core/parallel.h"
 #include "core/rng.h"
+#include "ops/cpu_gemm.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
 
@@ -79,8 +84,63 @@ void BM_MatmulOpenBLAS(benchmark::State& state) {
   set_gflops(state, n);
 }
 
+// (d) The products of one gpt-small step (B*T = 2048 rows, C = 512): linear forward
+// x (2048, C) w^T, its input gradient dy (2048, out) w, its weight gradient dy^T x, and an attention
+// tile (64 x 64 x 64, q k^T). Arguments: shape index, kernel, threads.
+struct GemmShape {
+  const char* name;
+  int64_t M, N, K;
+  mg::Transpose ta, tb;
+};
+const GemmShape kShapes[] = {
+    {"qkv_fwd 2048x1536x512 NT", 2048, 1536, 512, mg::Transpose::no, mg::Transpose::yes},
+    {"fc_fwd 2048x2048x512 NT", 2048, 2048, 512, mg::Transpose::no, mg::Transpose::yes},
+    {"proj_fwd 2048x512x2048 NT", 2048, 512, 2048, mg::Transpose::no, mg::Transpose::yes},
+    {"fc_dx 2048x512x2048 NN", 2048, 512, 2048, mg::Transpose::no, mg::Transpose::no},
+    {"fc_dw 2048x512x2048 TN", 2048, 512, 2048, mg::Transpose::yes, mg::Transpose::no},
+    {"attn_qk 64x64x64 NT", 64, 64, 64, mg::Transpose::no, mg::Transpose::yes},
+};
+
+void BM_GemmKernel(benchmark::State& state) {
+  const GemmShape& s = kShapes[state.range(0)];
+  const auto kernel = mg::GemmKernel(state.range(1));
+  const int threads = int(state.range(2));
+  if (!mg::cpu_gemm_kernel_supported(kernel)) {
+    state.SkipWithError("this CPU does not run the kernel");
+    return;
+  }
+  const mg::GemmKernel saved = mg::cpu_gemm_kernel();
+  const int saved_threads = mg::num_threads();
+  mg::set_cpu_gemm_kernel(kernel);
+  mg::set_num_threads(threads);
+  mg::Tensor a = random_matrix(std::max(s.M, s.K), 1), b = random_matrix(std::max(s.K, s.N), 2);
+  mg::Tensor c = mg::zeros({s.M, s.N});
+  const int64_t lda = a.size(1), ldb = b.size(1);
+  for (auto _ : state) {
+    mg::cpu_gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data<float>(), lda, b.data<float>(), ldb, 0.0f, c.data<float>(),
+                 s.N);
+    benchmark::DoNotOptimize(c.data<float>());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2e-9 * double(s.M) * double(s.N) * double(s.K) * double(state.iterations()),
+                                                 benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(s.name) + " " + mg::gemm_kernel_name(kernel) + " " + std::to_string(threads) + "t");
+  mg::set_cpu_gemm_kernel(saved);
+  mg::set_num_threads(saved_threads);
+}
+
+template <int64_t Threads>
+void gemm_kernel_args(benchmark::internal::Benchmark* b) {
+  for (int64_t shape = 0; shape < int64_t(std::size(kShapes)); ++shape)
+    for (mg::GemmKernel k : {mg::GemmKernel::eigen, mg::GemmKernel::avx2, mg::GemmKernel::avx512})
+      b->Args({shape, int64_t(k), Threads});
+}
+
 }  // namespace
 
+// One thread: rates from the thread's CPU time. Two threads: from wall time.
+BENCHMARK(BM_GemmKernel)->Apply(gemm_kernel_args<1>)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmKernel)->Apply(gemm_kernel_args<2>)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MatmulMemgrad)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MatmulEigen)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MatmulOpenBLAS)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();

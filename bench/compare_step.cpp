@@ -3,6 +3,7 @@
 // the median ms per step, and the allocator's peak allocated bytes over one step after warm-up
 // (absolute, and the growth above what was live when the step began).
 // Usage: compare_step <gpt-mini|gpt-small|mobilenetv2-32> [--steps N] [--warmup N] [--threads N]
+//        [--profile-ops]   (then also a per-op self-time table of the timed steps on stderr)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +15,8 @@
 
 #include "autograd/engine.h"
 #include "core/allocator.h"
+#include "core/memory_category.h"
+#include "core/op_timer.h"
 #include "core/parallel.h"
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -50,20 +53,33 @@ Tensor index_tensor(const Shape& s, int64_t high, uint64_t seed) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s <gpt-mini|gpt-small|mobilenetv2-32> [--steps N] [--warmup N] [--threads N]\n",
+    std::fprintf(stderr,
+                 "usage: %s <gpt-mini|gpt-small|mobilenetv2-32> [--steps N] [--warmup N] [--threads N] "
+                 "[--profile-ops]\n",
                  argv[0]);
     return 2;
   }
   const std::string model = argv[1];
   int steps = 10, warmup = 3, threads = 2;
-  for (int i = 2; i + 1 < argc; i += 2) {
+  bool profile_ops = false;
+  for (int i = 2; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "--profile-ops") {
+      profile_ops = true;
+      --i;  // a flag without a value
+      continue;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "compare_step: %s needs a value\n", flag.c_str());
+      return 2;
+    }
     const int v = std::atoi(argv[i + 1]);
     if (flag == "--steps") steps = v;
     else if (flag == "--warmup") warmup = v;
     else if (flag == "--threads") threads = v;
     else {
-      std::fprintf(stderr, "compare_step: unknown flag '%s' (known: --steps, --warmup, --threads)\n", flag.c_str());
+      std::fprintf(stderr, "compare_step: unknown flag '%s' (known: --steps, --warmup, --threads, --profile-ops)\n",
+                   flag.c_str());
       return 2;
     }
   }
@@ -103,6 +119,7 @@ int main(int argc, char** argv) {
     opt.zero_grad();
     Tensor loss = loss_fn();
     backward(loss);
+    OpNameGuard name("optimizer.step");  // a named scope for --profile-ops
     opt.step();
     return loss.item<float>();
   };
@@ -117,10 +134,18 @@ int main(int argc, char** argv) {
 
   std::vector<double> ms;
   float last = 0.0f;
+  set_op_timing(profile_ops);
   for (int i = 0; i < steps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     last = step();
     ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  set_op_timing(false);
+  if (profile_ops) {
+    double total = 0;
+    for (double v : ms) total += v;
+    std::fprintf(stderr, "compare_step %s: per-op self time over %d steps\n%s", model.c_str(), steps,
+                 op_time_table(total, steps).c_str());
   }
   std::string all;
   for (double v : ms) all += (all.empty() ? "" : ", ") + std::to_string(v);
@@ -129,7 +154,7 @@ int main(int argc, char** argv) {
   std::printf(
       "{\"model\": \"%s\", \"impl\": \"memgrad\", \"gemm\": \"%s\", \"threads\": %d, \"steps\": %d, \"ms_median\": %.3f, "
       "\"ms_min\": %.3f, \"peak_bytes\": %lld, \"live_before_bytes\": %lld, \"step_growth_bytes\": %lld, "
-      "\"loss\": %.5f, \"ms\": [%s]}\n",
+      "\"loss\": %.7f, \"ms\": [%s]}\n",
       model.c_str(), cpu_gemm_backend(), threads, steps, median, ms.front(), (long long)peak, (long long)live_before,
       (long long)(peak - live_before), double(last), all.c_str());
   return 0;

@@ -5,6 +5,8 @@
 #include <mutex>
 #include <utility>
 
+#include "core/op_timer.h"
+
 namespace mg {
 namespace {
 thread_local MemoryCategory t_category = MemoryCategory::activation;
@@ -31,8 +33,14 @@ MemoryCategoryGuard::MemoryCategoryGuard(MemoryCategory c) : prev_(t_category) {
 MemoryCategoryGuard::~MemoryCategoryGuard() { t_category = prev_; }
 
 const char* current_op_name() { return t_op_name; }
-OpNameGuard::OpNameGuard(const char* name) : prev_(t_op_name) { t_op_name = name; }
-OpNameGuard::~OpNameGuard() { t_op_name = prev_; }
+OpNameGuard::OpNameGuard(const char* name) : prev_(t_op_name) {
+  t_op_name = name;
+  if (detail::op_timer_active()) detail::op_timer_enter(this, name);  // core/op_timer.h
+}
+OpNameGuard::~OpNameGuard() {
+  t_op_name = prev_;
+  if (detail::op_timer_active()) detail::op_timer_exit(this);
+}
 
 const std::string& current_module_path() { return t_module_path; }
 ModulePathGuard::ModulePathGuard(std::string_view name) : prev_len_(t_module_path.size()) {

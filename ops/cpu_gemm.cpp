@@ -1,10 +1,11 @@
-// cpu_gemm on Eigen's GEMM, with memgrad's own threading so that results do not depend on the
-// thread count: C is cut into a grid of tiles fixed by (M, N, K) alone, and each tile is one
-// single-threaded product, the tiles run in parallel with parallel_for. (A library's own threaded
-// GEMM splits C by thread count, and edge tiles round differently from full ones, so the same
-// product would give different bits on 1 and 2 threads.) Eigen, not OpenBLAS: bench/bench_matmul.cpp
-// measured Eigen (compiled -march=native, AVX-512) >10% faster than this OpenBLAS, whose runtime
-// CPU detection falls back to its Haswell (AVX2) kernels on this machine.
+// cpu_gemm with memgrad's own threading so that results do not depend on the thread count: C is
+// cut into a grid of tiles fixed by (M, N, K) alone, and each tile is one single-threaded product,
+// the tiles run in parallel with parallel_for. (A library's own threaded GEMM splits C by thread
+// count, and edge tiles round differently from full ones, so the same product would give different
+// bits on 1 and 2 threads.) An f32 tile is memgrad's packed GEMM (ops/cpu_gemm_packed.h, ~20% faster
+// than Eigen's on AVX-512, bench/bench_matmul.cpp) summing in Eigen's order; f64 tiles are Eigen's.
+// Not OpenBLAS: bench/bench_matmul.cpp measured Eigen >10% faster than this OpenBLAS, whose runtime
+// CPU detection falls back to its Haswell (AVX2) kernels on AVX-512 machines.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ == 12
 // GCC 12 false positive on _mm512_undefined_ps() inside Eigen's AVX-512 kernels (GCC bug 105593).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -13,6 +14,12 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -23,6 +30,7 @@
 #include "core/memory_category.h"
 #include "core/parallel.h"
 #include "core/tensor.h"
+#include "ops/cpu_gemm_packed.h"
 
 namespace mg {
 namespace {
@@ -116,21 +124,108 @@ void eigen_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T a
   else run(a.transpose(), b.transpose());
 }
 
+// The f32 kernel in use (cpu_gemm_kernel()): MG_GEMM_KERNEL, else the fastest this CPU runs.
+GemmKernel parse_kernel(const char* name) {
+  for (GemmKernel k : {GemmKernel::eigen, GemmKernel::scalar, GemmKernel::avx2, GemmKernel::avx512})
+    if (std::strcmp(name, gemm_kernel_name(k)) == 0) return k;
+  MG_CHECK(false, "MG_GEMM_KERNEL='", name, "' is not a GEMM kernel (known: avx512, avx2, scalar, eigen)");
+  return GemmKernel::eigen;
+}
+GemmKernel default_kernel() {
+  if (const char* env = std::getenv("MG_GEMM_KERNEL"); env != nullptr && *env != '\0') {
+    const GemmKernel k = parse_kernel(env);
+    MG_CHECK(gemm_packed::kernel_supported(k), "MG_GEMM_KERNEL=", env, ": this CPU does not run that kernel");
+    return k;
+  }
+  for (GemmKernel k : {GemmKernel::avx512, GemmKernel::avx2})
+    if (gemm_packed::kernel_supported(k)) return k;
+  return GemmKernel::scalar;
+}
+std::atomic<GemmKernel>& kernel_state() {
+  static std::atomic<GemmKernel> k{default_kernel()};
+  return k;
+}
+
+const gemm_packed::MicroKernels& micro_kernels(GemmKernel k) {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (k == GemmKernel::avx512) return gemm_packed::avx512_kernels();
+  if (k == GemmKernel::avx2) return gemm_packed::avx2_kernels();
+#endif
+  return gemm_packed::scalar_kernels();
+}
+
+// One tile, single-threaded: f32 on the packed GEMM (unless Eigen is chosen, or the sizes are
+// ones Eigen runs as a GEMV or coefficient-wise: Eigen then, for its bits), f64 on Eigen.
+// Every row of C (M, N) set to bias (N).
+template <class T>
+void fill_bias(int64_t M, int64_t N, const T* bias, T* C, int64_t ldc) {
+  for (int64_t i = 0; i < M; ++i) std::copy(bias, bias + N, C + i * ldc);
+}
+
+// With `bias` (beta is then 1): C's old value is the bias on every row (the packed GEMM reads it
+// in its first k block; other paths fill C with it first, with the same bits).
+template <class T>
+void serial_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                 const T* B, int64_t ldb, T beta, T* C, int64_t ldc, const T* bias = nullptr) {
+  if constexpr (std::is_same_v<T, float>) {
+    const GemmKernel k = kernel_state().load(std::memory_order_relaxed);
+    if (k != GemmKernel::eigen && gemm_packed::handles(M, N, K))
+      return gemm_packed::sgemm(micro_kernels(k), ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
+  }
+  if (bias != nullptr) fill_bias(M, N, bias, C, ldc);
+  eigen_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// The f32 grid on the packed GEMM: each thread takes a run of consecutive tiles and packs their
+// shared operand rows and columns once (gemm_packed::sgemm_tiles); the tiles' bits are their own,
+// whichever thread runs them. False when the Eigen kernel is chosen or a tile needs Eigen's other
+// code paths or the tiles' k blocks differ (then every tile runs on its own).
+bool packed_grid(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+                 const TileGrid& g) {
+  const GemmKernel k = kernel_state().load(std::memory_order_relaxed);
+  if (k == GemmKernel::eigen) return false;
+  std::vector<gemm_packed::Tile> tiles;
+  tiles.reserve(size_t(g.tm * g.tn));
+  for (int64_t t = 0; t < g.tm * g.tn; ++t) {
+    const int64_t r0 = (t / g.tn) * g.rows, c0 = (t % g.tn) * g.cols;
+    const int64_t rows = std::min(g.rows, M - r0), cols = std::min(g.cols, N - c0);
+    if (!gemm_packed::handles(rows, cols, K)) return false;
+    tiles.push_back({r0, rows, c0, cols, gemm_packed::blocking(rows, cols, K)});
+    if (tiles.back().bl.kc != tiles[0].bl.kc) return false;
+  }
+  // Runs of tiles by thread: which thread runs a tile changes no bits, so the thread count may
+  // decide the runs (one per thread; one run inside another parallel region).
+  const int64_t n = int64_t(tiles.size());
+  const int64_t runs = in_parallel_region() ? 1 : std::clamp<int64_t>(num_threads(), 1, n);
+  const gemm_packed::MicroKernels& mk = micro_kernels(k);
+  parallel_for(0, runs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      gemm_packed::sgemm_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, tiles.data() + r * n / runs,
+                               size_t((r + 1) * n / runs - r * n / runs));
+  });
+  return true;
+}
+
 template <class T>
 void gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
-          int64_t ldb, T beta, T* C, int64_t ldc) {
+          int64_t ldb, T beta, T* C, int64_t ldc, const T* bias = nullptr) {
   if (M == 0 || N == 0) return;
   check_sizes(M, N, K);
   check_ld(ldc, N, "ldc");
-  if (K == 0) {  // an empty sum: C = beta * C
+  if (K == 0) {  // an empty sum: C = beta * C (or the bias)
+    if (bias != nullptr) return fill_bias(M, N, bias, C, ldc);
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == T(0) ? T(0) : beta * C[i * ldc + j];
     return;
   }
   check_ld(lda, ta == Transpose::yes ? M : K, "lda");
   check_ld(ldb, tb == Transpose::yes ? K : N, "ldb");
-  if (M * N * K <= kSerialMacs) return eigen_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  if (M * N * K <= kSerialMacs) return serial_gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias);
   const TileGrid g = plan_tiles(M, N, K);
+  if constexpr (std::is_same_v<T, float>) {
+    if (packed_grid(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, g)) return;
+  }
   parallel_for(0, g.tm * g.tn, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t r0 = (t / g.tn) * g.rows, c0 = (t % g.tn) * g.cols;
@@ -138,7 +233,8 @@ void gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, T alpha, 
       // Rows r0.. of op(A): rows of A, or columns of the stored A^T; columns c0.. of op(B) likewise.
       const T* a = ta == Transpose::no ? A + r0 * lda : A + r0;
       const T* b = tb == Transpose::no ? B + c0 : B + c0 * ldb;
-      eigen_gemm(ta, tb, rows, cols, K, alpha, a, lda, b, ldb, beta, C + r0 * ldc + c0, ldc);
+      serial_gemm(ta, tb, rows, cols, K, alpha, a, lda, b, ldb, beta, C + r0 * ldc + c0, ldc,
+                  bias ? bias + c0 : nullptr);
     }
   });
 }
@@ -184,7 +280,7 @@ void gemm_low(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float
     if (tb == Transpose::no) convert_block(B + c0, ldb, pb, ldb32 = cols, K, cols);
     else convert_block(B + c0 * ldb, ldb, pb, ldb32 = K, cols, K);
     if (beta != 0.0f) convert_block(C + r0 * ldc + c0, ldc, pc, cols, rows, cols);
-    eigen_gemm<float>(ta, tb, rows, cols, K, alpha, pa, lda32, pb, ldb32, beta, pc, cols);
+    serial_gemm<float>(ta, tb, rows, cols, K, alpha, pa, lda32, pb, ldb32, beta, pc, cols);
     convert_block(static_cast<const float*>(pc), cols, C + r0 * ldc + c0, ldc, rows, cols);  // round on store
   };
   if (lanes == 1) {
@@ -226,11 +322,46 @@ void cpu_gemm(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, doubl
   gemm<double>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+void cpu_gemm_bias(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                   int64_t lda, const float* B, int64_t ldb, const float* bias, float* C, int64_t ldc) {
+  MG_INTERNAL_ASSERT(bias != nullptr, "cpu_gemm_bias: no bias");
+  gemm<float>(ta, tb, M, N, K, alpha, A, lda, B, ldb, 1.0f, C, ldc, bias);
+}
+
+const char* gemm_kernel_name(GemmKernel k) {
+  switch (k) {
+    case GemmKernel::eigen: return "eigen";
+    case GemmKernel::scalar: return "scalar";
+    case GemmKernel::avx2: return "avx2";
+    case GemmKernel::avx512: return "avx512";
+  }
+  return "?";
+}
+
+bool cpu_gemm_kernel_supported(GemmKernel k) { return gemm_packed::kernel_supported(k); }
+GemmKernel cpu_gemm_kernel() { return kernel_state().load(); }
+void set_cpu_gemm_kernel(GemmKernel k) {
+  MG_CHECK(gemm_packed::kernel_supported(k), "set_cpu_gemm_kernel: this CPU does not run the ", gemm_kernel_name(k),
+           " GEMM kernel");
+  kernel_state().store(k);
+}
+
 #define MG_STR2(x) #x
 #define MG_STR(x) MG_STR2(x)
 const char* cpu_gemm_backend() {
-  return "Eigen " MG_STR(EIGEN_WORLD_VERSION) "." MG_STR(EIGEN_MAJOR_VERSION) "." MG_STR(EIGEN_MINOR_VERSION)
-      " (single-threaded products on a fixed tile grid, run by memgrad's OpenMP threads)";
+  static const std::array<std::string, 4> names = [] {  // one per kernel: the kernel may be switched
+    const std::string eigen = "Eigen " MG_STR(EIGEN_WORLD_VERSION) "." MG_STR(EIGEN_MAJOR_VERSION) "." MG_STR(
+        EIGEN_MINOR_VERSION);
+    const std::string grid = " (single-threaded products on a fixed tile grid, run by memgrad's OpenMP threads)";
+    std::array<std::string, 4> n;
+    for (GemmKernel k : {GemmKernel::eigen, GemmKernel::scalar, GemmKernel::avx2, GemmKernel::avx512})
+      n[size_t(k)] = (k == GemmKernel::eigen ? eigen + " for f32 and f64"
+                                             : std::string("memgrad packed f32 GEMM (") + gemm_kernel_name(k) +
+                                                   " kernels, Eigen's summation order), " + eigen + " for f64") +
+                     grid;
+    return n;
+  }();
+  return names[size_t(cpu_gemm_kernel())].c_str();
 }
 #undef MG_STR
 #undef MG_STR2

@@ -81,6 +81,43 @@ void on_lanes(int64_t tasks, int64_t ws_per_lane, C* ws, F task) {
 // One lane's forward workspace: a score tile and the running max and sum of its rows.
 int64_t forward_ws(const FlashDims& d) { return d.bs() * d.bs() + 2 * d.bs(); }
 
+// max(init, row[0..n)): max is exact whatever the order, so 16 running maxima (which vectorise)
+// give what one running maximum did (NaN aside, which has no meaning here).
+template <class C>
+C row_max(const C* row, int64_t n, C init) {
+  constexpr int64_t kW = 16;
+  C part[kW];
+  std::fill(part, part + kW, init);
+  int64_t j = 0;
+  for (; j + kW <= n; j += kW)
+    for (int64_t q = 0; q < kW; ++q) part[q] = part[q] < row[j + q] ? row[j + q] : part[q];
+  C mx = init;
+  for (int64_t q = 0; q < kW; ++q) mx = std::max(mx, part[q]);
+  for (; j < n; ++j) mx = std::max(mx, row[j]);
+  return mx;
+}
+
+// Note [Attention row sums]: sum[r] = row r's elements added left to right, as a single loop
+// adds them, so the bits are a plain loop's; but 8 rows' chains advance together (one add per
+// row per column) instead of one chain at a time, which waits on the adder's latency. The zeros
+// after a row's valid columns add +0.0 to a non-negative sum: no change.
+template <class C>
+void row_sums(const C* tile, int64_t ld, int64_t rows, int64_t cols, C* sum) {
+  constexpr int64_t kRows = 8;
+  int64_t r0 = 0;
+  for (; r0 + kRows <= rows; r0 += kRows) {
+    C acc[kRows] = {};
+    for (int64_t j = 0; j < cols; ++j)
+      for (int64_t q = 0; q < kRows; ++q) acc[q] += tile[(r0 + q) * ld + j];
+    std::copy(acc, acc + kRows, sum + r0);
+  }
+  for (; r0 < rows; ++r0) {
+    C acc = 0;
+    for (int64_t j = 0; j < cols; ++j) acc += tile[r0 * ld + j];
+    sum[r0] = acc;
+  }
+}
+
 template <class C>
 void forward_kernel(const FlashDims& d, Operand<const C> q, Operand<const C> k, Operand<const C> v, Operand<C> out,
                     C* lse, C* ws) {
@@ -89,6 +126,7 @@ void forward_kernel(const FlashDims& d, Operand<const C> q, Operand<const C> k, 
   on_lanes(d.S() * NB, forward_ws(d), ws, [&](int64_t task, C* w) {
     const int64_t s = task / NB, i0 = (task % NB) * BS, rows = std::min(BS, T - i0);
     C *tile = w, *m = w + BS * BS, *l = m + BS;
+    C mx[kBlock], sum[kBlock];  // this tile's row maxima and sums
     const C *qs = q.slice(s, d.NH) + i0 * q.st, *ks = k.slice(s, d.NH), *vs = v.slice(s, d.NH);
     C* os = out.slice(s, d.NH) + i0 * out.st;
     for (int64_t r = 0; r < rows; ++r) {
@@ -101,24 +139,28 @@ void forward_kernel(const FlashDims& d, Operand<const C> q, Operand<const C> k, 
       const int64_t cols = std::min(BS, jend - j0);
       cpu_gemm(Transpose::no, Transpose::yes, rows, cols, HS, C(d.scale), qs, q.st, ks + j0 * k.st, k.st, C(0), tile,
                BS);  // (rows, cols) scores
+      // Each row: its new max, e^(s - max) over the valid columns and zeros after them; then the
+      // rows' sums 8 rows at a time (Note [Attention row sums]); then rescaling and dropout.
       for (int64_t r = 0; r < rows; ++r) {
         C* row = tile + r * BS;
         const int64_t L = valid_cols(d, i0 + r, j0, cols);
-        C mx = m[r];
-        for (int64_t j = 0; j < L; ++j) mx = std::max(mx, row[j]);
-        for (int64_t j = 0; j < L; ++j) row[j] = fn::exp(row[j] - mx);  // vectorises; the sum stays in order
-        C sum = 0;
-        for (int64_t j = 0; j < L; ++j) sum += row[j];
-        const C corr = fn::exp(m[r] - mx);  // 0 on the first tile (m = -inf)
-        l[r] = l[r] * corr + sum;
-        m[r] = mx;
+        mx[r] = row_max(row, L, m[r]);
+        for (int64_t j = 0; j < L; ++j) row[j] = fn::exp(row[j] - mx[r]);  // vectorises
+        std::fill(row + L, row + cols, C(0));
+      }
+      row_sums(tile, BS, rows, cols, sum);
+      for (int64_t r = 0; r < rows; ++r) {
+        C* row = tile + r * BS;
+        const int64_t L = valid_cols(d, i0 + r, j0, cols);
+        const C corr = fn::exp(m[r] - mx[r]);  // 0 on the first tile (m = -inf)
+        l[r] = l[r] * corr + sum[r];
+        m[r] = mx[r];
         if (corr != C(1)) {
           C* orow = os + r * out.st;
           for (int64_t x = 0; x < HS; ++x) orow[x] *= corr;
         }
         if (d.drop.p > 0)
           for (int64_t j = 0; j < L; ++j) row[j] *= drop_factor<C>(d, g, s, i0 + r, j0 + j);
-        std::fill(row + L, row + cols, C(0));
       }
       cpu_gemm(Transpose::no, Transpose::no, rows, HS, cols, C(1), tile, BS, vs + j0 * v.st, v.st, C(1), os,
                out.st);

@@ -1,7 +1,11 @@
 // Joining and splitting: cat copies its inputs side by side along one dim into a new tensor;
 // stack is cat of the inputs unsqueezed at the new dim; split returns views made by narrow (no
 // copy). CatBackward saves no tensors, only the inputs' sizes along the dim: its gradients are
-// narrow views of dout.
+// narrow views of dout. SplitBackward (one node for all the parts) saves nothing either: it
+// writes the parts' gradients side by side into one tensor of the input's shape, where a narrow
+// per part would make one zero-filled input-sized tensor each for the engine to add up (GPT's
+// q, k, v split: three (B, T, 3C) tensors and two adds per layer, now one tensor).
+#include "autograd/grad_mode.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -25,6 +29,32 @@ class CatBackward : public Node {
  private:
   int64_t dim_;
   std::vector<int64_t> sizes_;  // each input's size along dim_
+};
+
+class SplitBackward : public Node {
+ public:
+  SplitBackward(Shape in, int64_t dim, std::vector<int64_t> sizes)
+      : in_(std::move(in)), dim_(dim), sizes_(std::move(sizes)) {}
+  std::string_view name() const override { return "SplitBackward"; }
+  std::vector<Tensor> apply(std::vector<Tensor>&& g) override {
+    const Tensor* any = nullptr;
+    for (const Tensor& t : g) any = any ? any : (t.defined() ? &t : nullptr);
+    Tensor dx = empty(in_, {.dtype = any->dtype(), .device = any->device()});  // (in_)
+    if (skip_kernel(dx)) return {dx};
+    int64_t start = 0;
+    for (size_t i = 0; i < sizes_.size(); ++i) {
+      Tensor window = narrow(dx, dim_, start, sizes_[i]);
+      if (g[i].defined()) copy_(window, g[i]);
+      else fill_(window, 0.0);  // a part that got no gradient
+      start += sizes_[i];
+    }
+    return {dx};
+  }
+
+ private:
+  Shape in_;
+  int64_t dim_;
+  std::vector<int64_t> sizes_;  // each part's size along dim_
 };
 
 }  // namespace
@@ -90,8 +120,16 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   const int64_t d = wrap_dim(dim, x.dim(), "split");
   const int64_t n = x.size(d);
   std::vector<Tensor> parts;
-  if (n == 0) parts.push_back(narrow(x, d, 0, 0));
-  for (int64_t s = 0; s < n; s += split_size) parts.push_back(narrow(x, d, s, std::min(split_size, n - s)));
+  std::vector<int64_t> sizes;
+  {
+    NoGradGuard views_only;  // the parts' history is one SplitBackward, set below
+    if (n == 0) parts.push_back(narrow(x, d, 0, 0)), sizes.push_back(0);
+    for (int64_t s = 0; s < n; s += split_size) {
+      sizes.push_back(std::min(split_size, n - s));
+      parts.push_back(narrow(x, d, s, sizes.back()));
+    }
+  }
+  if (auto node = make_node_if_needed<SplitBackward>({x}, x.shape(), d, sizes)) set_history(node, {x}, parts);
   return parts;
 }
 

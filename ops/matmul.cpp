@@ -1,6 +1,7 @@
 // Matrix products: matmul (2-D, batched with broadcast batch dims, 1-D operands as in NumPy) and
-// linear (one GEMM over the flattened leading dims; the bias is added in the same pass: the
-// output rows are filled with the bias and the GEMM accumulates onto them with beta = 1). Every
+// linear (one GEMM over the flattened leading dims; the bias is added in the same pass: the GEMM
+// starts its sums from the bias, cpu_gemm_bias for f32, else the output rows are filled with the
+// bias and the GEMM accumulates onto them with beta = 1). Every
 // product goes through cpu_gemm; f16/bf16 operands are converted to f32 a tile at a time inside
 // the GEMM (ops/cpu_gemm.h), multiplied in f32 and rounded on store; f64 uses dgemm. Transposed views are passed to the
 // GEMM as transposed operands, never copied.
@@ -122,11 +123,29 @@ void fill_rows(const Tensor& out, const Tensor& bias) {
   });
 }
 
+// linear's f32 product with its bias on the CPU when both operands reach the GEMM without a copy:
+// cpu_gemm_bias starts C's sums from the bias (the bits of fill_rows then beta = 1, one pass over
+// the output fewer). out (N, M) contiguous, a (N, K), b (K, M), bias (M). False: not handled.
+bool linear_f32_with_bias(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias) {
+  if (out.dtype() != DType::f32 || out.dim() != 2 || a.dim() != 2 || b.dim() != 2 || bias.stride(0) != 1 ||
+      out.is_meta() || out.numel() == 0)
+    return false;
+  const int64_t N = a.size(0), K = a.size(1), M = b.size(1);
+  const std::optional<GemmView> va = gemm_view(N, K, a.stride(0), a.stride(1));
+  const std::optional<GemmView> vb = gemm_view(K, M, b.stride(0), b.stride(1));
+  if (!va || !vb) return false;
+  count_flops(gemm_kind(out.dtype()), 2.0 * double(N) * double(M) * double(K));
+  cpu_gemm_bias(Transpose(va->trans), Transpose(vb->trans), N, M, K, 1.0f, typed_base<const float>(a), va->ld,
+                typed_base<const float>(b), vb->ld, typed_base<const float>(bias), typed_base<float>(out), M);
+  return true;
+}
+
 // out (..., N, M) = a b (+ bias (M) on every row), in out's dtype (accumulated in f32 for f16/bf16).
 // Inputs are detached: nothing here records history.
 void run_product(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const Tensor& bias_in) {
   Tensor a = a_in.detach(), b = b_in.detach(), bias = bias_in.defined() ? bias_in.detach() : Tensor();
   if (out.device().is_cuda()) return cuda::matmul(out, a, b, bias);  // cuBLAS (ops/cuda/matmul.cu)
+  if (bias.defined() && linear_f32_with_bias(out, a, b, bias)) return;
   MG_DISPATCH_FLOAT(out.dtype(), "matmul", [&] {
     if (bias.defined() && !out.is_meta()) fill_rows<scalar_t>(out, bias);
     bmm_kernel<scalar_t>(out, a, b, bias.defined() ? 1 : 0);
