@@ -17,7 +17,7 @@
 namespace mg::gemm_packed {
 namespace {
 
-constexpr int kNr = 32, kMr = 12, kSplitMr = 6;
+constexpr int kNr = 32, kMr = 12;
 
 // The first n lanes of 16 (n clamped to [0, 16]).
 inline __mmask16 first_lanes(int64_t n) {
@@ -145,20 +145,22 @@ MG_AVX512 void copying(float* dst, const float* src, int64_t ld, int64_t n, int6
 }  // namespace
 
 const MicroKernels& avx512_kernels() {
-  static const MicroKernels k{GemmKernel::avx512,
-                              kMr,
-                              kNr,
-                              kSplitMr,
-                              &kernel<kMr, 2, Order::sequential>,
-                              &kernel<kSplitMr, 2, Order::even_odd>,
-                              16,
-                              kMr,
-                              &kernel<kMr, 1, Order::sequential>,
-                              &kernel<kMr, 1, Order::even_odd>,
-                              &transposing<kMr>,
-                              &copying<kMr>,
-                              &transposing<kNr>,
-                              &copying<kNr>};
+  static const MicroKernels k = [] {
+    MicroKernels m{};
+    m.kind = GemmKernel::avx512;
+    m.mr = kMr;
+    m.nr = kNr;
+    m.narrow_nr = kNr / 2;
+    set_kernels<4, 8, 12>(m, 0, 0, [](auto r) { return &kernel<decltype(r)::value, 2, Order::sequential>; });
+    set_kernels<2, 4, 6>(m, 1, 0, [](auto r) { return &kernel<decltype(r)::value, 2, Order::even_odd>; });
+    set_kernels<4, 8, 12>(m, 0, 1, [](auto r) { return &kernel<decltype(r)::value, 1, Order::sequential>; });
+    set_kernels<4, 8, 12>(m, 1, 1, [](auto r) { return &kernel<decltype(r)::value, 1, Order::even_odd>; });
+    m.pack_a_transposing = &transposing<kMr>;
+    m.pack_a_copying = &copying<kMr>;
+    m.pack_b_transposing = &transposing<kNr>;
+    m.pack_b_copying = &copying<kNr>;
+    return m;
+  }();
   return k;
 }
 

@@ -146,17 +146,15 @@ struct Product {
 // `order`. `ap` holds op(A)'s rows packed from row 0 in slivers of mk.mr; a range may start inside
 // a sliver (the kernel reads its rows at a_step = mk.mr from there). c: C at row 0 of `ap`.
 void run_rows(const MicroKernels& mk, MicroTile& t, const float* ap, Order order, int64_t lo, int64_t hi, float* c) {
-  const bool narrow = t.nr <= mk.narrow_nr;
-  const int max_rows = order == Order::sequential ? mk.mr : narrow ? mk.narrow_split_mr : mk.split_mr;
-  const MicroKernel kernel = order == Order::sequential ? (narrow ? mk.narrow_sequential : mk.sequential)
-                                                        : (narrow ? mk.narrow_even_odd : mk.even_odd);
+  const int o = order == Order::even_odd, w = t.nr <= mk.narrow_nr;
+  const int max_rows = mk.max_rows[o][w];
   for (int64_t i = lo; i < hi;) {
     const int64_t off = i % mk.mr;
     const int rows = int(std::min<int64_t>({max_rows, mk.mr - off, hi - i}));
     t.a = ap + (i - off) * t.kc + off;
     t.c = c + i * t.ldc;
     t.mr = rows;
-    kernel(t);
+    mk.kernel[o][w][rows](t);
     i += rows;
   }
 }
@@ -301,20 +299,20 @@ void scalar_copying(float* dst, const float* src, int64_t ld, int64_t n, int64_t
 }  // namespace
 
 const MicroKernels& scalar_kernels() {
-  static const MicroKernels k{GemmKernel::scalar,
-                              kScalarMr,
-                              kScalarNr,
-                              kScalarMr,
-                              &scalar_kernel<Order::sequential>,
-                              &scalar_kernel<Order::even_odd>,
-                              0,
-                              0,
-                              nullptr,
-                              nullptr,
-                              &scalar_transposing<kScalarMr>,
-                              &scalar_copying<kScalarMr>,
-                              &scalar_transposing<kScalarNr>,
-                              &scalar_copying<kScalarNr>};
+  static const MicroKernels k = [] {
+    MicroKernels m{};
+    m.kind = GemmKernel::scalar;
+    m.mr = kScalarMr;
+    m.nr = kScalarNr;
+    m.narrow_nr = 0;  // one kernel for any width
+    set_kernels<kScalarMr>(m, 0, 0, [](auto) { return &scalar_kernel<Order::sequential>; });
+    set_kernels<kScalarMr>(m, 1, 0, [](auto) { return &scalar_kernel<Order::even_odd>; });
+    m.pack_a_transposing = &scalar_transposing<kScalarMr>;
+    m.pack_a_copying = &scalar_copying<kScalarMr>;
+    m.pack_b_transposing = &scalar_transposing<kScalarNr>;
+    m.pack_b_copying = &scalar_copying<kScalarNr>;
+    return m;
+  }();
   return k;
 }
 
