@@ -121,4 +121,13 @@ void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, 
                  const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias, const Tile* tiles,
                  size_t n);
 
+// bf16 tiles on AVX512-BF16's vdpbf16ps (ops/cpu_gemm_bf16.cpp): C (rows, cols) = alpha op(A)
+// op(B) + beta C, summed in f32 and rounded to bf16 on store, in `ws` (at least
+// bf16_pairs_workspace_floats(rows, cols, K) floats: the packed pairs and the f32 tile).
+bool bf16_pairs_supported();
+int64_t bf16_pairs_workspace_floats(int64_t rows, int64_t cols, int64_t K);
+void bf16_pairs_gemm(Transpose ta, Transpose tb, int64_t rows, int64_t cols, int64_t K, float alpha,
+                     const BFloat16* A, int64_t lda, const BFloat16* B, int64_t ldb, float beta, BFloat16* C,
+                     int64_t ldc, float* ws);
+
 }  // namespace mg::gemm_packed
