@@ -169,8 +169,9 @@ struct RowSpan {
 // in `order` (but the last nc % 4 rows of each nc block sequentially: Note [Eigen's summation
 // order]), against op(A)'s rows packed in `ap` from row `lo` of C on. op(B) is packed here once, a
 // chunk of columns at a time, for all the spans.
-void run_columns(const MicroKernels& mk, const Product& p, const float* ap, int64_t lo, const std::vector<RowSpan>& spans,
-                 Order order, int64_t j0, int64_t cols, int64_t k0, int64_t kc, Init init) {
+void run_columns(const MicroKernels& mk, const Product& p, const float* ap, int64_t lo,
+                 const std::vector<RowSpan>& spans, Order order, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
+                 Init init) {
   if (cols <= 0) return;
   const int64_t ncb = std::max<int64_t>(mk.nr, kPanelFloats / kc / mk.nr * mk.nr);
   float* bp = scratch().get_b(kc * ((std::min(ncb, cols) + mk.nr - 1) / mk.nr * mk.nr));
@@ -397,9 +398,9 @@ void run_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, fl
   }
 }
 
-void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias, const Tile* tiles,
-                 size_t n) {
+void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+                 const Tile* tiles, size_t n) {
   // Consecutive tiles of one grid row share its rows; rows are gathered while the packed op(A)
   // block stays within kMaxAFloats (always at least one row of tiles).
   size_t first = 0;
@@ -407,7 +408,8 @@ void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, 
   for (size_t i = 0; i < n; ++i) {
     const Tile& tl = tiles[i];
     const bool new_row = i > first && tl.r0 != tiles[i - 1].r0;
-    const int64_t nlo = i == first ? tl.r0 : std::min(lo, tl.r0), nhi = i == first ? tl.r0 + tl.rows : std::max(hi, tl.r0 + tl.rows);
+    const int64_t nlo = i == first ? tl.r0 : std::min(lo, tl.r0);
+    const int64_t nhi = i == first ? tl.r0 + tl.rows : std::max(hi, tl.r0 + tl.rows);
     if (new_row && (nhi - nlo) * tl.bl.kc > kMaxAFloats) {
       run_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, tiles + first, i - first);
       first = i;

@@ -117,9 +117,9 @@ struct Tile {
 // range (the tiles of a grid otherwise repack what their row and column neighbours packed).
 // A, B, C, bias: the whole product's (tiles index into them). Every tile must be handled() and
 // all must share bl.kc.
-void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias, const Tile* tiles,
-                 size_t n);
+void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+                 const Tile* tiles, size_t n);
 
 // bf16 tiles on AVX512-BF16's vdpbf16ps (ops/cpu_gemm_bf16.cpp): C (rows, cols) = alpha op(A)
 // op(B) + beta C, summed in f32 and rounded to bf16 on store, in `ws` (at least

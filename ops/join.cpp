@@ -46,7 +46,8 @@ bool rows_side_by_side(const Tensor& dx, const std::vector<Tensor>& g) {
       return false;
   char* base = static_cast<char*>(dx.data_ptr());
   const size_t es = dx.element_size();
-  parallel_for(0, rows, std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(W, 1)), [&](int64_t rb, int64_t re) {
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(W, 1));
+  parallel_for(0, rows, grain, [&](int64_t rb, int64_t re) {
     for (int64_t r = rb; r < re; ++r) {
       char* d = base + size_t(r * W) * es;
       for (const Tensor& t : g) {

@@ -77,7 +77,8 @@ TEST_CASE("bf16 GEMM on vdpbf16ps matches an f64 reference", "[cpu_gemm]") {
     set_cpu_gemm_kernel(GemmKernel::avx512);
     double apart = 0;
     for (size_t i = 0; i < one.size(); ++i)
-      apart = std::max(apart, std::abs(double(float(one[i])) - double(float(conv[i]))) / (1.0 + std::abs(double(float(conv[i])))));
+      apart = std::max(apart, std::abs(double(float(one[i])) - double(float(conv[i]))) /
+                                  (1.0 + std::abs(double(float(conv[i])))));
     CHECK(apart <= 2.0 / 128);
   }
   set_num_threads(saved_threads);

@@ -61,7 +61,8 @@ void check_same_bits(const Case& c, const std::vector<float>& want, const std::v
   int64_t bad = 0, first_i = -1, first_j = -1;
   for (int64_t i = 0; i < c.M; ++i)
     for (int64_t j = 0; j < c.N; ++j)
-      if (std::memcmp(&want[i * ldc + j], &got[i * ldc + j], sizeof(float)) != 0 && bad++ == 0) first_i = i, first_j = j;
+      if (std::memcmp(&want[i * ldc + j], &got[i * ldc + j], sizeof(float)) != 0 && bad++ == 0)
+        first_i = i, first_j = j;
   INFO("differing elements: " << bad << ", first at (" << first_i << ", " << first_j << "): "
                               << (bad ? want[first_i * ldc + first_j] : 0.0f) << " vs "
                               << (bad ? got[first_i * ldc + first_j] : 0.0f));
@@ -200,7 +201,8 @@ TEST_CASE("cpu_gemm_bias gives the bits of filling C with the bias and adding on
     int64_t M, N, K;
     Transpose ta, tb;
   };
-  const Shape3 shapes[] = {{512, 384, 512, Transpose::no, Transpose::yes}, {70, 131, 300, Transpose::no, Transpose::yes},
+  const Shape3 shapes[] = {{512, 384, 512, Transpose::no, Transpose::yes},
+                           {70, 131, 300, Transpose::no, Transpose::yes},
                            {33, 61, 17, Transpose::yes, Transpose::no},    {1, 300, 40, Transpose::no, Transpose::no},
                            {5, 3, 2, Transpose::no, Transpose::yes},       {9, 26, 0, Transpose::no, Transpose::no}};
   for (const Shape3& s : shapes) {
@@ -214,8 +216,8 @@ TEST_CASE("cpu_gemm_bias gives the bits of filling C with the bias and adding on
       set_cpu_gemm_kernel(GemmKernel::eigen);  // the reference: rows filled, then beta = 1
       std::vector<float> want(size_t(s.M * s.N));
       for (int64_t i = 0; i < s.M; ++i) std::copy(bias.begin(), bias.end(), want.begin() + i * s.N);
-      cpu_gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data(), std::max<int64_t>(lda, 1), b.data(), std::max<int64_t>(ldb, 1),
-               1.0f, want.data(), s.N);
+      cpu_gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data(), std::max<int64_t>(lda, 1), b.data(),
+               std::max<int64_t>(ldb, 1), 1.0f, want.data(), s.N);
       set_cpu_gemm_kernel(k);
       std::vector<float> got(size_t(s.M * s.N), std::numeric_limits<float>::quiet_NaN());  // C is not read
       cpu_gemm_bias(s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data(), std::max<int64_t>(lda, 1), b.data(),
