@@ -49,7 +49,7 @@ using MicroKernel = void (*)(const MicroTile&);
 // for lines past n.
 using Packer = void (*)(float* dst, const float* src, int64_t ld, int64_t n, int64_t kc);
 
-constexpr int kMaxMr = 12;  // the tallest register tile of any family
+constexpr int kMaxMr = 14;  // the tallest register tile of any family
 
 // A micro-kernel family. Its packers fill slivers of mr rows of op(A) and nr columns of op(B),
 // from rows of the stored matrix (transposing) or from its columns (copying). kernel[o][w][rows]
