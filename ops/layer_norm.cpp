@@ -11,6 +11,7 @@
 // backward's two means) run 8 rows at a time: Note [LayerNorm row sums].
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/parallel.h"
 #include "ops/autocast_policy.h"
@@ -44,19 +45,47 @@ bool wants_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
 constexpr int kRows = 8;       // rows whose sums advance together
 constexpr int64_t kCols = 64;  // columns per block of terms
 
-// sum[q] = terms(q, j) added for j = 0 .. C-1 in order, for rows q < n (n <= kRows); terms(q, j0,
-// len, out) writes row q's terms of columns [j0, j0 + len) to out.
-template <class S, class Terms>
-void row_sums(int n, int64_t C, S* sum, Terms&& terms) {
-  S acc[kRows] = {};
-  S buf[kRows][kCols];
+// sum[q] = terms(q, j) added for j = 0 .. C-1 in order, for rows q < R; terms(q, j0, len, out)
+// writes row q's terms of columns [j0, j0 + len) to out. R is fixed so the R sums stay in registers.
+template <int R, class S, class Terms>
+inline void row_sums_of(int64_t C, S* sum, Terms& terms) {
+  S acc[R] = {};
+  alignas(64) S buf[R][kCols];
   for (int64_t j0 = 0; j0 < C; j0 += kCols) {
     const int64_t len = std::min(kCols, C - j0);
-    for (int q = 0; q < n; ++q) terms(q, j0, len, buf[q]);
+    for (int q = 0; q < R; ++q) terms(q, j0, len, buf[q]);
     for (int64_t j = 0; j < len; ++j)
-      for (int q = 0; q < n; ++q) acc[q] += buf[q][j];
+      for (int q = 0; q < R; ++q) acc[q] += buf[q][j];
   }
-  std::copy(acc, acc + n, sum);
+  for (int q = 0; q < R; ++q) sum[q] = acc[q];
+}
+
+// row_sums_of for n <= kRows rows: kRows at once, or one at a time for a last, partial group.
+template <class S, class Terms>
+void row_sums(int n, int64_t C, S* sum, Terms&& terms) {
+  if (n == kRows) return row_sums_of<kRows>(C, sum, terms);
+  for (int q = 0; q < n; ++q) {
+    auto one = [&](int, int64_t j0, int64_t len, S* out) { terms(q, j0, len, out); };
+    row_sums_of<1>(C, sum + q, one);
+  }
+}
+
+// y = (x - m) r (then * w, + b) for one row of C. Weight and bias both there take one fused
+// multiply-add, (x - m) r rounded first: what the loop before it computed (GCC contracted it).
+// Unit-stride weight and bias take a loop that vectorises.
+template <class T, class S>
+void normalize_row(T* y, const T* x, int64_t C, S m, S r, const T* w, int64_t ws, const T* b, int64_t bs) {
+  if (w && b && ws == 1 && bs == 1) {
+    for (int64_t j = 0; j < C; ++j) y[j] = T(std::fma((S(x[j]) - m) * r, S(w[j]), S(b[j])));
+    return;
+  }
+  for (int64_t j = 0; j < C; ++j) {
+    S h = (S(x[j]) - m) * r;
+    if (w && b) h = std::fma(h, S(w[j * ws]), S(b[j * bs]));
+    else if (w) h *= S(w[j * ws]);
+    else if (b) h += S(b[j * bs]);
+    y[j] = T(h);
+  }
 }
 
 // y, x: (M, C) contiguous; w, b: (C) or undefined; mean, rstd: (M).
@@ -89,17 +118,7 @@ void layer_norm_kernel(const Tensor& y, const Tensor& mean, const Tensor& rstd, 
         }
       });
       for (int q = 0; q < n; ++q) pr[i0 + q] = S(1) / std::sqrt(var[q] / S(C) + S(eps));
-      for (int64_t i = i0; i < i0 + n; ++i) {
-        const T* xi = px + i * C;
-        const S m = pm[i], r = pr[i];
-        T* yi = py + i * C;
-        for (int64_t j = 0; j < C; ++j) {
-          S h = (S(xi[j]) - m) * r;
-          if (pw) h *= S(pw[j * ws]);
-          if (pb) h += S(pb[j * bs]);
-          yi[j] = T(h);
-        }
-      }
+      for (int64_t i = i0; i < i0 + n; ++i) normalize_row(py + i * C, px + i * C, C, pm[i], pr[i], pw, ws, pb, bs);
     }
   });
 }
@@ -129,6 +148,10 @@ void layer_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
   const S *pm = mean.data<S>(), *pr = rstd.data<S>();
   T* pdx = dx.defined() ? dx.data<T>() : nullptr;
   S* pp = want_params ? partial.data<S>() : nullptr;
+  // The weight in S at unit stride (C values), so the row loops below vectorise.
+  std::vector<S> wc(pw ? size_t(C) : 0);
+  for (int64_t j = 0; j < int64_t(wc.size()); ++j) wc[size_t(j)] = S(pw[j * wst]);
+  const S* ws = pw ? wc.data() : nullptr;
   parallel_for(0, blocks, 1, [&](int64_t bb, int64_t be) {
     for (int64_t blk = bb; blk < be; ++blk) {
       S* pdw = pp ? pp + blk * 2 * C : nullptr;  // (C) partial dweight
@@ -141,14 +164,21 @@ void layer_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
       if (pdx) {
         for (int64_t i0 = ib; i0 < ie; i0 += kRows) {
           const int n = int(std::min<int64_t>(kRows, ie - i0));
-          auto gh = [&](int64_t i, int64_t j) { return pw ? S(pdy[i * C + j]) * S(pw[j * wst]) : S(pdy[i * C + j]); };
-          row_sums<S>(n, C, ga + (i0 - ib), [&](int q, int64_t j0, int64_t len, S* out) {
-            for (int64_t j = 0; j < len; ++j) out[j] = gh(i0 + q, j0 + j);
-          });
+          // gh = dy * weight for row i, columns [j0, j0 + len).
+          auto gh = [&](int64_t i, int64_t j0, int64_t len, S* out) {
+            const T* g = pdy + i * C + j0;
+            if (ws)
+              for (int64_t j = 0; j < len; ++j) out[j] = S(g[j]) * ws[j0 + j];
+            else
+              for (int64_t j = 0; j < len; ++j) out[j] = S(g[j]);
+          };
+          row_sums<S>(n, C, ga + (i0 - ib), [&](int q, int64_t j0, int64_t len, S* out) { gh(i0 + q, j0, len, out); });
           row_sums<S>(n, C, gc + (i0 - ib), [&](int q, int64_t j0, int64_t len, S* out) {
             const int64_t i = i0 + q;
             const S m = pm[i], r = pr[i];
-            for (int64_t j = 0; j < len; ++j) out[j] = gh(i, j0 + j) * (S(px[i * C + j0 + j]) - m) * r;
+            gh(i, j0, len, out);
+            const T* xi = px + i * C + j0;
+            for (int64_t j = 0; j < len; ++j) out[j] = out[j] * (S(xi[j]) - m) * r;
           });
         }
       }
@@ -163,9 +193,13 @@ void layer_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
         if (!pdx) continue;
         const S a = ga[i - ib] / S(C), c = gc[i - ib] / S(C);
         T* o = pdx + i * C;
-        for (int64_t j = 0; j < C; ++j) {
-          S gh = pw ? S(g[j]) * S(pw[j * wst]) : S(g[j]);
-          o[j] = T(r * (gh - a - (S(xi[j]) - m) * r * c));
+        if (ws) {
+          for (int64_t j = 0; j < C; ++j) {
+            const S gh = S(g[j]) * ws[j];
+            o[j] = T(r * (gh - a - (S(xi[j]) - m) * r * c));
+          }
+        } else {
+          for (int64_t j = 0; j < C; ++j) o[j] = T(r * (S(g[j]) - a - (S(xi[j]) - m) * r * c));
         }
       }
     }
