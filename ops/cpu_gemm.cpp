@@ -146,6 +146,13 @@ std::atomic<GemmKernel>& kernel_state() {
   return k;
 }
 
+// bf16 products on vdpbf16ps (ops/cpu_gemm_bf16.cpp): with the AVX-512 kernels on a CPU that has
+// AVX512-BF16; the other kernels keep the converting path.
+bool native_bf16() {
+  static const bool has = gemm_packed::bf16_pairs_supported();
+  return has && kernel_state().load(std::memory_order_relaxed) == GemmKernel::avx512;
+}
+
 const gemm_packed::MicroKernels& micro_kernels(GemmKernel k) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (k == GemmKernel::avx512) return gemm_packed::avx512_kernels();
@@ -270,6 +277,13 @@ void gemm_low(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float
   auto tile = [&](int64_t t, float* pa) {
     const int64_t r0 = (t / g.tn) * g.rows, c0 = (t % g.tn) * g.cols;
     const int64_t rows = std::min(g.rows, M - r0), cols = std::min(g.cols, N - c0);
+    if constexpr (std::is_same_v<H, BFloat16>) {
+      // bf16 pairs on vdpbf16ps where the CPU has it and the AVX-512 kernels are chosen.
+      if (native_bf16() && gemm_packed::bf16_pairs_workspace_floats(rows, cols, K) <= per_lane)
+        return gemm_packed::bf16_pairs_gemm(ta, tb, rows, cols, K, alpha, ta == Transpose::no ? A + r0 * lda : A + r0,
+                                            lda, tb == Transpose::no ? B + c0 : B + c0 * ldb, ldb, beta,
+                                            C + r0 * ldc + c0, ldc, pa);
+    }
     float* pb = pa + rows * K;
     float* pc = pb + K * cols;
     // op(A)'s rows r0..: stored rows (rows, K) of A, or stored columns (K, rows) of A^T.

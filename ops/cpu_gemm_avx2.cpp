@@ -14,7 +14,7 @@
 namespace mg::gemm_packed {
 namespace {
 
-constexpr int kNr = 16, kMr = 6, kSplitMr = 3;
+constexpr int kNr = 16, kMr = 6;
 
 template <int MR, int NV>
 MG_AVX2 inline void step(__m256 (&acc)[MR][2], const float* a, const float* b) {
@@ -139,20 +139,22 @@ MG_AVX2 void copying(float* dst, const float* src, int64_t ld, int64_t n, int64_
 }  // namespace
 
 const MicroKernels& avx2_kernels() {
-  static const MicroKernels k{GemmKernel::avx2,
-                              kMr,
-                              kNr,
-                              kSplitMr,
-                              &kernel<kMr, 2, Order::sequential>,
-                              &kernel<kSplitMr, 2, Order::even_odd>,
-                              8,
-                              kMr,
-                              &kernel<kMr, 1, Order::sequential>,
-                              &kernel<kMr, 1, Order::even_odd>,
-                              &transposing<kMr>,
-                              &copying<kMr>,
-                              &transposing<kNr>,
-                              &copying<kNr>};
+  static const MicroKernels k = [] {
+    MicroKernels m{};
+    m.kind = GemmKernel::avx2;
+    m.mr = kMr;
+    m.nr = kNr;
+    m.narrow_nr = kNr / 2;
+    set_kernels<2, 4, 6>(m, 0, 0, [](auto r) { return &kernel<decltype(r)::value, 2, Order::sequential>; });
+    set_kernels<1, 2, 3>(m, 1, 0, [](auto r) { return &kernel<decltype(r)::value, 2, Order::even_odd>; });
+    set_kernels<2, 4, 6>(m, 0, 1, [](auto r) { return &kernel<decltype(r)::value, 1, Order::sequential>; });
+    set_kernels<2, 4, 6>(m, 1, 1, [](auto r) { return &kernel<decltype(r)::value, 1, Order::even_odd>; });
+    m.pack_a_transposing = &transposing<kMr>;
+    m.pack_a_copying = &copying<kMr>;
+    m.pack_b_transposing = &transposing<kNr>;
+    m.pack_b_copying = &copying<kNr>;
+    return m;
+  }();
   return k;
 }
 

@@ -146,17 +146,15 @@ struct Product {
 // `order`. `ap` holds op(A)'s rows packed from row 0 in slivers of mk.mr; a range may start inside
 // a sliver (the kernel reads its rows at a_step = mk.mr from there). c: C at row 0 of `ap`.
 void run_rows(const MicroKernels& mk, MicroTile& t, const float* ap, Order order, int64_t lo, int64_t hi, float* c) {
-  const bool narrow = t.nr <= mk.narrow_nr;
-  const int max_rows = order == Order::sequential ? mk.mr : narrow ? mk.narrow_split_mr : mk.split_mr;
-  const MicroKernel kernel = order == Order::sequential ? (narrow ? mk.narrow_sequential : mk.sequential)
-                                                        : (narrow ? mk.narrow_even_odd : mk.even_odd);
+  const int o = order == Order::even_odd, w = t.nr <= mk.narrow_nr;
+  const int max_rows = mk.max_rows[o][w];
   for (int64_t i = lo; i < hi;) {
     const int64_t off = i % mk.mr;
     const int rows = int(std::min<int64_t>({max_rows, mk.mr - off, hi - i}));
     t.a = ap + (i - off) * t.kc + off;
     t.c = c + i * t.ldc;
     t.mr = rows;
-    kernel(t);
+    mk.kernel[o][w][rows](t);
     i += rows;
   }
 }
@@ -171,8 +169,9 @@ struct RowSpan {
 // in `order` (but the last nc % 4 rows of each nc block sequentially: Note [Eigen's summation
 // order]), against op(A)'s rows packed in `ap` from row `lo` of C on. op(B) is packed here once, a
 // chunk of columns at a time, for all the spans.
-void run_columns(const MicroKernels& mk, const Product& p, const float* ap, int64_t lo, const std::vector<RowSpan>& spans,
-                 Order order, int64_t j0, int64_t cols, int64_t k0, int64_t kc, Init init) {
+void run_columns(const MicroKernels& mk, const Product& p, const float* ap, int64_t lo,
+                 const std::vector<RowSpan>& spans, Order order, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
+                 Init init) {
   if (cols <= 0) return;
   const int64_t ncb = std::max<int64_t>(mk.nr, kPanelFloats / kc / mk.nr * mk.nr);
   float* bp = scratch().get_b(kc * ((std::min(ncb, cols) + mk.nr - 1) / mk.nr * mk.nr));
@@ -301,20 +300,20 @@ void scalar_copying(float* dst, const float* src, int64_t ld, int64_t n, int64_t
 }  // namespace
 
 const MicroKernels& scalar_kernels() {
-  static const MicroKernels k{GemmKernel::scalar,
-                              kScalarMr,
-                              kScalarNr,
-                              kScalarMr,
-                              &scalar_kernel<Order::sequential>,
-                              &scalar_kernel<Order::even_odd>,
-                              0,
-                              0,
-                              nullptr,
-                              nullptr,
-                              &scalar_transposing<kScalarMr>,
-                              &scalar_copying<kScalarMr>,
-                              &scalar_transposing<kScalarNr>,
-                              &scalar_copying<kScalarNr>};
+  static const MicroKernels k = [] {
+    MicroKernels m{};
+    m.kind = GemmKernel::scalar;
+    m.mr = kScalarMr;
+    m.nr = kScalarNr;
+    m.narrow_nr = 0;  // one kernel for any width
+    set_kernels<kScalarMr>(m, 0, 0, [](auto) { return &scalar_kernel<Order::sequential>; });
+    set_kernels<kScalarMr>(m, 1, 0, [](auto) { return &scalar_kernel<Order::even_odd>; });
+    m.pack_a_transposing = &scalar_transposing<kScalarMr>;
+    m.pack_a_copying = &scalar_copying<kScalarMr>;
+    m.pack_b_transposing = &scalar_transposing<kScalarNr>;
+    m.pack_b_copying = &scalar_copying<kScalarNr>;
+    return m;
+  }();
   return k;
 }
 
@@ -399,9 +398,9 @@ void run_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, fl
   }
 }
 
-void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias, const Tile* tiles,
-                 size_t n) {
+void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+                 const Tile* tiles, size_t n) {
   // Consecutive tiles of one grid row share its rows; rows are gathered while the packed op(A)
   // block stays within kMaxAFloats (always at least one row of tiles).
   size_t first = 0;
@@ -409,7 +408,8 @@ void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, 
   for (size_t i = 0; i < n; ++i) {
     const Tile& tl = tiles[i];
     const bool new_row = i > first && tl.r0 != tiles[i - 1].r0;
-    const int64_t nlo = i == first ? tl.r0 : std::min(lo, tl.r0), nhi = i == first ? tl.r0 + tl.rows : std::max(hi, tl.r0 + tl.rows);
+    const int64_t nlo = i == first ? tl.r0 : std::min(lo, tl.r0);
+    const int64_t nhi = i == first ? tl.r0 + tl.rows : std::max(hi, tl.r0 + tl.rows);
     if (new_row && (nhi - nlo) * tl.bl.kc > kMaxAFloats) {
       run_tiles(mk, ta, tb, K, alpha, A, lda, B, ldb, beta, C, ldc, bias, tiles + first, i - first);
       first = i;

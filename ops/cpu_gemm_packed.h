@@ -4,7 +4,9 @@
 // same per-block accumulators, the same fused multiply-adds), so it gives Eigen's bits to the
 // last one and every loss in memgrad stays what it was (Note [Eigen's summation order]).
 #pragma once
+#include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cpu_gemm.h"
 
@@ -47,19 +49,34 @@ using MicroKernel = void (*)(const MicroTile&);
 // for lines past n.
 using Packer = void (*)(float* dst, const float* src, int64_t ld, int64_t n, int64_t kc);
 
-// A micro-kernel family: `sequential` handles up to mr rows, `even_odd` (twice the accumulators)
-// up to split_mr rows; both take nr columns. The narrow pair does the same for slivers with at
-// most narrow_nr real columns (one vector instead of two; narrow_nr 0: none), so the last sliver
-// of a column block does no padded work. Its packers fill slivers of mr rows of op(A) and nr
-// columns of op(B), from rows of the stored matrix (transposing) or from its columns (copying).
+constexpr int kMaxMr = 14;  // the tallest register tile of any family
+
+// A micro-kernel family. Its packers fill slivers of mr rows of op(A) and nr columns of op(B),
+// from rows of the stored matrix (transposing) or from its columns (copying). kernel[o][w][rows]
+// runs a micro-tile of 1 .. max_rows[o][w] rows in order o (0 sequential, 1 even_odd), two
+// vectors wide (w = 0) or one (w = 1, for slivers of at most narrow_nr real columns; 0: none):
+// the smallest register tile that holds the rows, so a sliver's 4-row tail does not pay for 12.
 struct MicroKernels {
   GemmKernel kind;
-  int mr, nr, split_mr;
-  MicroKernel sequential, even_odd;
-  int narrow_nr, narrow_split_mr;
-  MicroKernel narrow_sequential, narrow_even_odd;
+  int mr, nr, narrow_nr;
+  int max_rows[2][2];
+  MicroKernel kernel[2][2][kMaxMr + 1];
   Packer pack_a_transposing, pack_a_copying, pack_b_transposing, pack_b_copying;
 };
+
+// Fills kernel[o][w][1 .. max] of m from register tiles of Rows... rows (ascending), each made
+// by `make` (a template over the row count, e.g. a lambda returning &kernel<R, NV, O>).
+template <int... Rows, class Make>
+void set_kernels(MicroKernels& m, int o, int w, Make make) {
+  constexpr int rows[] = {Rows...};
+  const MicroKernel ks[] = {make(std::integral_constant<int, Rows>{})...};
+  size_t j = 0;
+  for (int r = 1; r <= rows[sizeof...(Rows) - 1]; ++r) {
+    while (rows[j] < r) ++j;
+    m.kernel[o][w][r] = ks[j];
+  }
+  m.max_rows[o][w] = rows[sizeof...(Rows) - 1];
+}
 
 const MicroKernels& scalar_kernels();
 #if defined(__x86_64__) || defined(_M_X64)
@@ -100,8 +117,17 @@ struct Tile {
 // range (the tiles of a grid otherwise repack what their row and column neighbours packed).
 // A, B, C, bias: the whole product's (tiles index into them). Every tile must be handled() and
 // all must share bl.kc.
-void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A, int64_t lda,
-                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias, const Tile* tiles,
-                 size_t n);
+void sgemm_tiles(const MicroKernels& mk, Transpose ta, Transpose tb, int64_t K, float alpha, const float* A,
+                 int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const float* bias,
+                 const Tile* tiles, size_t n);
+
+// bf16 tiles on AVX512-BF16's vdpbf16ps (ops/cpu_gemm_bf16.cpp): C (rows, cols) = alpha op(A)
+// op(B) + beta C, summed in f32 and rounded to bf16 on store, in `ws` (at least
+// bf16_pairs_workspace_floats(rows, cols, K) floats: the packed pairs and the f32 tile).
+bool bf16_pairs_supported();
+int64_t bf16_pairs_workspace_floats(int64_t rows, int64_t cols, int64_t K);
+void bf16_pairs_gemm(Transpose ta, Transpose tb, int64_t rows, int64_t cols, int64_t K, float alpha,
+                     const BFloat16* A, int64_t lda, const BFloat16* B, int64_t ldb, float beta, BFloat16* C,
+                     int64_t ldc, float* ws);
 
 }  // namespace mg::gemm_packed

@@ -6,6 +6,7 @@
 // gelu_tanh and linear holds here unchanged; the values are the composition's bit for bit.
 #include "autograd/grad_mode.h"
 #include "ops/autocast_policy.h"
+#include "ops/bias_grad.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -31,7 +32,7 @@ class GeluLinearBackward : public Node {
       Tensor a = gelu_workspace(xv);                                          // (..., H) recomputed
       dweight = matmul(transpose(g2, 0, 1), reshape(a, {-1, H}));            // (out, H)
     }
-    if (needs_input_grad(2)) dbias = sum(g2, {0});                             // (out)
+    if (needs_input_grad(2)) dbias = bias_grad(g2);                            // (out)
     if (needs_input_grad(0)) {
       Tensor da;
       {

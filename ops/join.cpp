@@ -5,7 +5,10 @@
 // writes the parts' gradients side by side into one tensor of the input's shape, where a narrow
 // per part would make one zero-filled input-sized tensor each for the engine to add up (GPT's
 // q, k, v split: three (B, T, 3C) tensors and two adds per layer, now one tensor).
+#include <cstring>
+
 #include "autograd/grad_mode.h"
+#include "core/parallel.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -31,6 +34,32 @@ class CatBackward : public Node {
   std::vector<int64_t> sizes_;  // each input's size along dim_
 };
 
+// dx's rows from the parts' rows when the split was along the last dim of CPU tensors and every
+// part's gradient is contiguous in dx's dtype (GPT's q, k, v): one pass over the rows, each
+// written whole from its parts, instead of a strided copy per part. False: not that case.
+bool rows_side_by_side(const Tensor& dx, const std::vector<Tensor>& g) {
+  if (!dx.device().is_cpu() || dx.dim() == 0) return false;
+  const int64_t W = dx.size(-1), rows = dx.numel() / W;
+  for (const Tensor& t : g)
+    if (!t.defined() || !t.is_contiguous() || t.dtype() != dx.dtype() || t.dim() != dx.dim() ||
+        t.numel() != rows * t.size(-1))
+      return false;
+  char* base = static_cast<char*>(dx.data_ptr());
+  const size_t es = dx.element_size();
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 15) / std::max<int64_t>(W, 1));
+  parallel_for(0, rows, grain, [&](int64_t rb, int64_t re) {
+    for (int64_t r = rb; r < re; ++r) {
+      char* d = base + size_t(r * W) * es;
+      for (const Tensor& t : g) {
+        const size_t n = size_t(t.size(-1)) * es;
+        std::memcpy(d, static_cast<const char*>(t.data_ptr()) + size_t(r) * n, n);
+        d += n;
+      }
+    }
+  });
+  return true;
+}
+
 class SplitBackward : public Node {
  public:
   SplitBackward(Shape in, int64_t dim, std::vector<int64_t> sizes)
@@ -41,6 +70,7 @@ class SplitBackward : public Node {
     for (const Tensor& t : g) any = any ? any : (t.defined() ? &t : nullptr);
     Tensor dx = empty(in_, {.dtype = any->dtype(), .device = any->device()});  // (in_)
     if (skip_kernel(dx)) return {dx};
+    if (dim_ == int64_t(in_.size()) - 1 && rows_side_by_side(dx, g)) return {dx};
     int64_t start = 0;
     for (size_t i = 0; i < sizes_.size(); ++i) {
       Tensor window = narrow(dx, dim_, start, sizes_[i]);

@@ -7,9 +7,11 @@
 // else keeps x alive), and M * C less whenever x is live anyway (saved by another op, an input).
 // llm.c makes the same choice. Weight is saved when dx is needed (dx reads it).
 // dweight/dbias are summed over fixed blocks of rows, the block partials added in order (on
-// cuda:N too: ops/cuda/layer_norm.cu follows the same blocks).
+// cuda:N too: ops/cuda/layer_norm.cu follows the same blocks). The per-row sums (mean, variance,
+// backward's two means) run 8 rows at a time: Note [LayerNorm row sums].
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "core/parallel.h"
 #include "ops/autocast_policy.h"
@@ -33,6 +35,59 @@ Tensor contiguous_scratch(const Tensor& t) {
 
 bool wants_grad(const Tensor& t) { return t.defined() && t.requires_grad(); }
 
+// Note [LayerNorm row sums]. Each row's sums add their terms left to right, and a variance term
+// is the product (x - mean)^2 rounded before it is added (no fused multiply-add: the bits GCC's
+// vectorised loop gave when memgrad's losses were pinned, whose vector part squares first and
+// adds lane by lane). A sum's adds wait on each other, so rows are done kRows at a time: their
+// chains advance together, one add per row per column. The terms of a block of columns are made
+// by a vectorised loop into a small buffer first; the adds read them back from it, so no compiler
+// can fuse a product into its add.
+constexpr int kRows = 8;       // rows whose sums advance together
+constexpr int64_t kCols = 64;  // columns per block of terms
+
+// sum[q] = terms(q, j) added for j = 0 .. C-1 in order, for rows q < R; terms(q, j0, len, out)
+// writes row q's terms of columns [j0, j0 + len) to out. R is fixed so the R sums stay in registers.
+template <int R, class S, class Terms>
+inline void row_sums_of(int64_t C, S* sum, Terms& terms) {
+  S acc[R] = {};
+  alignas(64) S buf[R][kCols];
+  for (int64_t j0 = 0; j0 < C; j0 += kCols) {
+    const int64_t len = std::min(kCols, C - j0);
+    for (int q = 0; q < R; ++q) terms(q, j0, len, buf[q]);
+    for (int64_t j = 0; j < len; ++j)
+      for (int q = 0; q < R; ++q) acc[q] += buf[q][j];
+  }
+  for (int q = 0; q < R; ++q) sum[q] = acc[q];
+}
+
+// row_sums_of for n <= kRows rows: kRows at once, or one at a time for a last, partial group.
+template <class S, class Terms>
+void row_sums(int n, int64_t C, S* sum, Terms&& terms) {
+  if (n == kRows) return row_sums_of<kRows>(C, sum, terms);
+  for (int q = 0; q < n; ++q) {
+    auto one = [&](int, int64_t j0, int64_t len, S* out) { terms(q, j0, len, out); };
+    row_sums_of<1>(C, sum + q, one);
+  }
+}
+
+// y = (x - m) r (then * w, + b) for one row of C. Weight and bias both there take one fused
+// multiply-add, (x - m) r rounded first: what the loop before it computed (GCC contracted it).
+// Unit-stride weight and bias take a loop that vectorises.
+template <class T, class S>
+void normalize_row(T* y, const T* x, int64_t C, S m, S r, const T* w, int64_t ws, const T* b, int64_t bs) {
+  if (w && b && ws == 1 && bs == 1) {
+    for (int64_t j = 0; j < C; ++j) y[j] = T(std::fma((S(x[j]) - m) * r, S(w[j]), S(b[j])));
+    return;
+  }
+  for (int64_t j = 0; j < C; ++j) {
+    S h = (S(x[j]) - m) * r;
+    if (w && b) h = std::fma(h, S(w[j * ws]), S(b[j * bs]));
+    else if (w) h *= S(w[j * ws]);
+    else if (b) h += S(b[j * bs]);
+    y[j] = T(h);
+  }
+}
+
 // y, x: (M, C) contiguous; w, b: (C) or undefined; mean, rstd: (M).
 template <class T>
 void layer_norm_kernel(const Tensor& y, const Tensor& mean, const Tensor& rstd, const Tensor& x, const Tensor& w,
@@ -45,22 +100,25 @@ void layer_norm_kernel(const Tensor& y, const Tensor& mean, const Tensor& rstd, 
   int64_t ws = w.defined() ? w.stride(0) : 0, bs = b.defined() ? b.stride(0) : 0;
   T* py = y.data<T>();
   S *pm = mean.data<S>(), *pr = rstd.data<S>();
-  parallel_for(0, M, std::max<int64_t>(1, 16384 / C), [&](int64_t rb, int64_t re) {
-    for (int64_t i = rb; i < re; ++i) {
-      const T* xi = px + i * C;
-      S m = 0, v = 0;
-      for (int64_t j = 0; j < C; ++j) m += S(xi[j]);
-      m /= S(C);
-      for (int64_t j = 0; j < C; ++j) v += (S(xi[j]) - m) * (S(xi[j]) - m);
-      S r = S(1) / std::sqrt(v / S(C) + S(eps));
-      pm[i] = m, pr[i] = r;
-      T* yi = py + i * C;
-      for (int64_t j = 0; j < C; ++j) {
-        S h = (S(xi[j]) - m) * r;
-        if (pw) h *= S(pw[j * ws]);
-        if (pb) h += S(pb[j * bs]);
-        yi[j] = T(h);
-      }
+  parallel_for(0, M, std::max<int64_t>(kRows, 16384 / C), [&](int64_t rb, int64_t re) {
+    for (int64_t i0 = rb; i0 < re; i0 += kRows) {
+      const int n = int(std::min<int64_t>(kRows, re - i0));
+      const T* x0 = px + i0 * C;
+      // mean = (x_0 + x_1 + ...) / C, then var = (sum of rounded (x_j - mean)^2) / C.
+      row_sums<S>(n, C, pm + i0, [&](int q, int64_t j0, int64_t len, S* out) {
+        for (int64_t j = 0; j < len; ++j) out[j] = S(x0[q * C + j0 + j]);
+      });
+      for (int q = 0; q < n; ++q) pm[i0 + q] /= S(C);
+      S var[kRows];
+      row_sums<S>(n, C, var, [&](int q, int64_t j0, int64_t len, S* out) {
+        const S m = pm[i0 + q];
+        for (int64_t j = 0; j < len; ++j) {
+          const S d = S(x0[q * C + j0 + j]) - m;
+          out[j] = d * d;
+        }
+      });
+      for (int q = 0; q < n; ++q) pr[i0 + q] = S(1) / std::sqrt(var[q] / S(C) + S(eps));
+      for (int64_t i = i0; i < i0 + n; ++i) normalize_row(py + i * C, px + i * C, C, pm[i], pr[i], pw, ws, pb, bs);
     }
   });
 }
@@ -90,12 +148,41 @@ void layer_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
   const S *pm = mean.data<S>(), *pr = rstd.data<S>();
   T* pdx = dx.defined() ? dx.data<T>() : nullptr;
   S* pp = want_params ? partial.data<S>() : nullptr;
+  // The weight in S at unit stride (C values), so the row loops below vectorise.
+  std::vector<S> wc(pw ? size_t(C) : 0);
+  for (int64_t j = 0; j < int64_t(wc.size()); ++j) wc[size_t(j)] = S(pw[j * wst]);
+  const S* ws = pw ? wc.data() : nullptr;
   parallel_for(0, blocks, 1, [&](int64_t bb, int64_t be) {
     for (int64_t blk = bb; blk < be; ++blk) {
       S* pdw = pp ? pp + blk * 2 * C : nullptr;  // (C) partial dweight
       S* pdb = pp ? pdw + C : nullptr;           // (C) partial dbias
       if (pp) std::fill(pdw, pdw + 2 * C, S(0));
-      for (int64_t i = blk * kRowsPerBlock, ie = std::min(M, (blk + 1) * kRowsPerBlock); i < ie; ++i) {
+      const int64_t ib = blk * kRowsPerBlock, ie = std::min(M, (blk + 1) * kRowsPerBlock);
+      // dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), gh = dy * weight: the two row
+      // means first (Note [LayerNorm row sums]), then each row's pass.
+      S ga[kRowsPerBlock], gc[kRowsPerBlock];
+      if (pdx) {
+        for (int64_t i0 = ib; i0 < ie; i0 += kRows) {
+          const int n = int(std::min<int64_t>(kRows, ie - i0));
+          // gh = dy * weight for row i, columns [j0, j0 + len).
+          auto gh = [&](int64_t i, int64_t j0, int64_t len, S* out) {
+            const T* g = pdy + i * C + j0;
+            if (ws)
+              for (int64_t j = 0; j < len; ++j) out[j] = S(g[j]) * ws[j0 + j];
+            else
+              for (int64_t j = 0; j < len; ++j) out[j] = S(g[j]);
+          };
+          row_sums<S>(n, C, ga + (i0 - ib), [&](int q, int64_t j0, int64_t len, S* out) { gh(i0 + q, j0, len, out); });
+          row_sums<S>(n, C, gc + (i0 - ib), [&](int q, int64_t j0, int64_t len, S* out) {
+            const int64_t i = i0 + q;
+            const S m = pm[i], r = pr[i];
+            gh(i, j0, len, out);
+            const T* xi = px + i * C + j0;
+            for (int64_t j = 0; j < len; ++j) out[j] = out[j] * (S(xi[j]) - m) * r;
+          });
+        }
+      }
+      for (int64_t i = ib; i < ie; ++i) {
         const T *g = pdy + i * C, *xi = px + i * C;
         S m = pm[i], r = pr[i];
         if (pp)
@@ -104,18 +191,15 @@ void layer_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
             pdb[j] += S(g[j]);
           }
         if (!pdx) continue;
-        // dx = rstd * (gh - mean(gh) - xhat * mean(gh * xhat)), gh = dy * weight
-        S a = 0, c = 0;
-        for (int64_t j = 0; j < C; ++j) {
-          S gh = pw ? S(g[j]) * S(pw[j * wst]) : S(g[j]);
-          a += gh;
-          c += gh * (S(xi[j]) - m) * r;
-        }
-        a /= S(C), c /= S(C);
+        const S a = ga[i - ib] / S(C), c = gc[i - ib] / S(C);
         T* o = pdx + i * C;
-        for (int64_t j = 0; j < C; ++j) {
-          S gh = pw ? S(g[j]) * S(pw[j * wst]) : S(g[j]);
-          o[j] = T(r * (gh - a - (S(xi[j]) - m) * r * c));
+        if (ws) {
+          for (int64_t j = 0; j < C; ++j) {
+            const S gh = S(g[j]) * ws[j];
+            o[j] = T(r * (gh - a - (S(xi[j]) - m) * r * c));
+          }
+        } else {
+          for (int64_t j = 0; j < C; ++j) o[j] = T(r * (S(g[j]) - a - (S(xi[j]) - m) * r * c));
         }
       }
     }

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "ops/autocast_policy.h"
+#include "ops/bias_grad.h"
 #include "ops/cpu_gemm.h"
 #include "ops/cpu_loops.h"
 #include "ops/cuda/launchers.h"
@@ -196,7 +197,7 @@ class LinearBackward : public Node {
     Tensor dx, dweight, dbias;
     if (needs_input_grad(0)) dx = reshape(matmul(g2, weight.unpack()), x_shape_);              // (R, in)
     if (needs_input_grad(1)) dweight = matmul(transpose(g2, 0, 1), reshape(x.unpack(), {-1, in}));  // (out, in)
-    if (needs_input_grad(2)) dbias = sum(g2, {0});                                             // (out)
+    if (needs_input_grad(2)) dbias = bias_grad(g2);                                            // (out)
     return {dx, dweight, dbias};
   }
   SavedTensor x{this}, weight{this};
@@ -206,6 +207,28 @@ class LinearBackward : public Node {
 };
 
 }  // namespace
+
+Tensor bias_grad(const Tensor& g2) {
+  if (g2.dtype() != DType::f32 || !g2.device().is_cpu() || !g2.is_contiguous() || g2.dim() != 2 || g2.size(0) == 0)
+    return sum(g2, {0});
+  OpNameGuard name("sum");  // the op it stands for, in profiles
+  const int64_t R = g2.size(0), N = g2.size(1);
+  Tensor out = empty({N}, {.dtype = DType::f32, .device = g2.device()});  // (out)
+  if (skip_kernel(out)) return out;
+  constexpr int64_t kCols = 64;
+  const float* pg = typed_base<const float>(g2);
+  float* po = typed_base<float>(out);
+  parallel_for(0, (N + kCols - 1) / kCols, 1, [&](int64_t bb, int64_t be) {
+    for (int64_t blk = bb; blk < be; ++blk) {
+      const int64_t j0 = blk * kCols, n = std::min(kCols, N - j0);
+      float acc[kCols] = {};
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t j = 0; j < n; ++j) acc[j] += pg[r * N + j0 + j];
+      std::copy(acc, acc + n, po + j0);
+    }
+  });
+  return out;
+}
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
   if (autocast_wants_low({a, b})) return matmul(autocast_low(a), autocast_low(b));

@@ -171,7 +171,9 @@ TEST_CASE("mixed precision: gpt-mini loss curves over 200 steps stay close to fp
   constexpr int kSteps = 200;
   // Stated bounds on the smoothed curves' largest deviation from fp32 (in nats; the loss falls
   // from 5.63 to 2.72), measured with MG_PRINT_CURVES=1 on an AMD EPYC (Zen 4, AVX-512): bf16
-  // 0.269, fp16 0.489, bf16-pure 0.070; bounds: those plus ~15%. These bounds are about the
+  // 0.269, fp16 0.489, bf16-pure 0.070 with the converting bf16 GEMM; with AVX512-BF16's
+  // vdpbf16ps GEMM (ops/cpu_gemm_bf16.cpp, other roundings of the same sums) bf16 0.167, fp16
+  // 0.489, bf16-pure 0.314; bounds: the larger of each plus ~15%. These bounds are about the
   // trajectory, not the precision: the curves amplify any perturbation of the first steps, the
   // loss falling steepest there. The fp32 run alone, its initial weights multiplied once by
   // (1 + r N(0,1)) (MG_CURVE_PERTURBATION=r MG_CURVE_SEED=s, then fp32 against fp32), moves by
@@ -179,7 +181,7 @@ TEST_CASE("mixed precision: gpt-mini loss curves over 200 steps stay close to fp
   // (bf16's; seeds 4-6): as far as the autocast runs, from one perturbation at the start.
   // fp16 autocast's gradients are 8x closer to fp32's than bf16's (the case above), yet its curve
   // moves further: which way the first steps are pushed matters, not how far.
-  constexpr double kBoundAutocast = 0.31, kBoundFp16 = 0.56, kBoundPure = 0.31;
+  constexpr double kBoundAutocast = 0.31, kBoundFp16 = 0.56, kBoundPure = 0.36;
   const Run ref = train(Mode::fp32, kSteps);
   REQUIRE(ref.losses.back() < ref.losses.front() - 1.0);  // the pattern is being learned
   if (std::getenv("MG_CURVE_PERTURBATION")) {  // a perturbed fp32 run against the unperturbed one

@@ -56,3 +56,14 @@ TEST_CASE("split's backward allocates one input-sized gradient", "[join]") {
   CHECK(x.grad().shape() == Shape{64, 96});
   check_values(x.grad(), std::vector<double>(64 * 96, 1.0), 0, 0);
 }
+
+TEST_CASE("split along the last dim writes each row's parts side by side", "[join]") {
+  Tensor x = leaf(rand_tensor({4, 5, 9}, 8, DType::f32));
+  std::vector<Tensor> parts = split(x, 4, 2);  // widths 4, 4, 1
+  Tensor loss = add(add(sum(mul(parts[0], 1.0)), sum(mul(parts[1], parts[1]))), sum(mul(parts[2], 3.0)));
+  backward(loss);
+  std::vector<double> want, xv = x.to_double_vector();
+  for (int64_t r = 0; r < 20; ++r)
+    for (int64_t j = 0; j < 9; ++j) want.push_back(j < 4 ? 1.0 : j < 8 ? 2.0 * xv[r * 9 + j] : 3.0);
+  check_values(x.grad(), want, 1e-6, 1e-6);
+}
