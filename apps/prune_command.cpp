@@ -37,6 +37,11 @@ void add_prune_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--schedule", o->schedule, "unstructured: oneshot, or gradual (Zhu & Gupta's cubic sparsity ramp "
                   "over the first 3/4 of --finetune-steps)")->capture_default_str();
+  cmd->add_option("--distill", o->distill, "> 0: the fine-tune learns from the unpruned run too (knowledge "
+                  "distillation; vision runs): this weight on matching its softened outputs, the rest on the labels")
+      ->capture_default_str();
+  cmd->add_option("--distill-temperature", o->distill_temperature, "the softmax temperature of --distill")
+      ->capture_default_str();
   cmd->add_option("--bench-steps", o->bench_steps, "> 0: train both models this many steps; peak memory and step time")
       ->capture_default_str();
   cmd->add_option("--sweep", *sweep, "amounts, e.g. 0,0.25,0.5,0.75: prune at each into --out/amount-<a>, fine-tune, "

@@ -18,6 +18,7 @@
 #include "data/data_loader.h"
 #include "data/token_file.h"
 #include "data/token_window_dataset.h"
+#include "models/compress/distillation.h"
 #include "models/compress/sparse_24.h"
 #include "models/compress/sparse_format.h"
 #include "models/compress/structured_prune.h"
@@ -267,6 +268,10 @@ PruneResult prune_run(const PruneOptions& o) {
     MG_CHECK(o.finetune_steps >= 2, kCmd, ": --schedule gradual prunes during fine-tuning; give --finetune-steps >= 2");
   MG_CHECK(o.finetune_lr >= 0.0, kCmd, ": --finetune-lr must be >= 0 (0: the run's schedule continues), got ",
            o.finetune_lr);
+  if (o.distill != 0.0) {
+    DistillationOptions{.weight = o.distill, .temperature = o.distill_temperature}.validate(kCmd);
+    MG_CHECK(o.finetune_steps > 0, kCmd, ": --distill shapes the fine-tune; give --finetune-steps > 0");
+  }
   MG_CHECK(o.finetune_steps >= 0 && o.bench_steps >= 0, kCmd, ": --finetune-steps and --bench-steps must be >= 0");
   MG_CHECK(!o.out.empty(), kCmd, ": --out is required (the new run directory)");
   RunDir src = existing_run_dir(o.run, kCmd);
@@ -277,6 +282,8 @@ PruneResult prune_run(const PruneOptions& o) {
   MG_CHECK(command == "gpt train" || command == "vision train", kCmd, ": '", o.run, "' is a '", command,
            "' run; prune reads gpt train and vision train runs");
   const bool gpt = command == "gpt train";
+  MG_CHECK(!(gpt && o.distill != 0.0), kCmd, ": --distill fine-tunes vision runs (MobileNetV2); a GPT's fine-tune "
+           "learns from its tokens only");
   PruneResult r;
   r.out_dir = dst.path();
   r.method = o.method;
@@ -299,6 +306,11 @@ PruneResult prune_run(const PruneOptions& o) {
   r.quality_pruned = quality(dst, gpt);
   const int64_t at = dst.read_checkpoint_state().step;
   if (o.finetune_steps > 0) {
+    if (o.distill > 0.0) {  // the teacher is the source run as it is (its checkpoint stays unchanged)
+      config["distill"] = DistillationOptions{.weight = o.distill, .temperature = o.distill_temperature}.to_json();
+      config["distill"]["teacher"] = fs::absolute(src.path()).lexically_normal().string();
+      dst.write_config(config);
+    }
     if (o.finetune_lr > 0.0) {
       restart_schedule(config, at, at + o.finetune_steps, o.finetune_lr);
       if (gpt) config["steps"] = at + o.finetune_steps;

@@ -31,6 +31,10 @@ struct PruneOptions {
   int64_t finetune_steps = 0;        // training steps after pruning (0: none)
   double finetune_lr = 0.0;          // > 0: the fine-tune's own cosine from this rate; 0: the run's schedule stretched
   std::string schedule = "oneshot";  // unstructured: oneshot (all at once) | gradual (cubic, while fine-tuning)
+  // > 0: the fine-tune also matches the unpruned run's soft targets with this weight
+  // (models/compress/distillation.h; vision runs); 0: labels only.
+  double distill = 0.0;
+  double distill_temperature = 4.0;
   int64_t bench_steps = 0;           // > 0: `memgrad bench` rows (technique none) of both models
   bool evaluate_source = true;       // measure the source run's quality too (a sweep does it once)
   ProgressStyle progress = ProgressStyle::automatic;

@@ -7,7 +7,10 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <memory>
+#include <optional>
 
 #include "apps/ddp_setup.h"
 #include "apps/quantize.h"
@@ -22,6 +25,7 @@
 #include "data/fashion_mnist.h"
 #include "data/image_folder.h"
 #include "data/transforms.h"
+#include "models/compress/distillation.h"
 #include "models/compress/quant_convert.h"
 #include "models/compress/quant_format.h"
 #include "models/nn/batch_norm_stats.h"
@@ -115,6 +119,44 @@ double accuracy(MobileNetV2& model, const std::shared_ptr<const Dataset>& test, 
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (images_per_s) *images_per_s = secs > 0 ? double(n) / secs : 0.0;
   return double(right) / double(n);
+}
+
+// A trained vision run's MobileNetV2 on `device` with its own precision, its BatchNorm statistics
+// recomputed over `train` (its training images), in eval mode: what `vision eval` measures and
+// what a distilled fine-tune learns from.
+struct TrainedMobileNet {
+  std::unique_ptr<MobileNetV2> model;
+  Precision precision = Precision::fp32;
+};
+
+TrainedMobileNet load_trained(const RunDir& run, const nlohmann::json& config, Device device,
+                              const std::shared_ptr<const Dataset>& train, int64_t batch) {
+  Generator scratch(0);  // initial values are overwritten by the checkpoint
+  TrainedMobileNet t{std::make_unique<MobileNetV2>(MobileNetV2Config::from_json(config.at("model")),
+                                                    InitOptions{.gen = &scratch, .device = device}),
+                     TechniqueOptions{}.from_config(config).precision};
+  apply_precision(*t.model, t.precision);
+  run.load_weights(*t.model);
+  recompute_statistics(*t.model, train, batch, device, t.precision);
+  t.model->eval();
+  return t;
+}
+
+// The teacher of a distilled run (config.json's "distill": {"teacher": run dir, "weight",
+// "temperature"}, written by `memgrad prune --distill`): the run it was pruned from.
+TrainedMobileNet load_teacher(const nlohmann::json& distill, const MobileNetV2Config& student, Device device,
+                              const std::shared_ptr<const Dataset>& train, int64_t batch) {
+  const std::string path = distill.at("teacher").get<std::string>();
+  RunDir run = existing_run_dir(path, "vision train (the distillation teacher)");
+  const nlohmann::json config = run.read_config();
+  MG_CHECK(config.value("command", "") == kCmd, kCmd, ": the distillation teacher '", path, "' is a '",
+           config.value("command", "?"), "' run, not a vision train run");
+  const MobileNetV2Config cfg = MobileNetV2Config::from_json(config.at("model"));
+  MG_CHECK(cfg.num_classes == student.num_classes && cfg.input_size == student.input_size, kCmd,
+           ": the distillation teacher '", path, "' has ", cfg.num_classes, " classes at ", cfg.input_size,
+           "x", cfg.input_size, ", the student ", student.num_classes, " at ", student.input_size, "x",
+           student.input_size);
+  return load_trained(run, config, device, train, batch);
 }
 
 MobileNetV2Config model_config(const VisionTrainOptions& o, int64_t num_classes) {
@@ -302,9 +344,28 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
                 " parameters, " + std::to_string(cfg.input_size) + "x" + std::to_string(cfg.input_size) + " input), " +
                 std::to_string(r.train_examples) + " training / " + std::to_string(r.test_examples) + " test images of " +
                 data.source + ", batch " + std::to_string(o.batch);
+  // A distilled fine-tune (memgrad prune --distill) also matches its teacher's soft targets.
+  std::optional<TrainedMobileNet> teacher;
+  DistillationOptions distill;
+  if (config.contains("distill")) {
+    MG_CHECK(!parallel, kCmd, ": a distilled run trains on one device (its teacher runs beside it); drop the split");
+    distill = DistillationOptions::from_json(config["distill"]);
+    distill.validate(kCmd);
+    teacher = load_teacher(config["distill"], cfg, device, data.train, o.batch);
+    char line[96];
+    std::snprintf(line, sizeof(line), ", weight %g, temperature %g", distill.weight, distill.temperature);
+    task.notes.push_back("distillation: teacher " + config["distill"].at("teacher").get<std::string>() + line);
+  }
   task.micro_loss = [&](const Batch& b, int64_t begin, int64_t n) {
-    return cross_entropy(model.forward(model_input(model, narrow(b.input, 0, begin, n))),
-                         to(narrow(b.target, 0, begin, n), label_device));
+    const Tensor x = narrow(b.input, 0, begin, n), y = to(narrow(b.target, 0, begin, n), label_device);
+    const Tensor logits = model.forward(model_input(model, x));
+    if (!teacher) return cross_entropy(logits, y);
+    Tensor soft;
+    {
+      NoGradGuard no_grad;
+      soft = teacher->model->forward(model_input(*teacher->model, x));
+    }
+    return distillation_loss(logits, soft, y, distill);
   };
   task.evaluate = [&](int64_t step) -> std::optional<Evaluation> {
     if (step % per_epoch != 0) return std::nullopt;  // test accuracy after every epoch
@@ -389,16 +450,11 @@ VisionEvalResult vision_eval(const VisionEvalOptions& o) {
   MG_CHECK(data.num_classes == cfg.num_classes, "vision eval: --data '", source, "' has ", data.num_classes,
            " classes, the run's model ", cfg.num_classes);
   const Device device = open_device(o.device, "");
-  Generator scratch(0);  // initial values are overwritten by the checkpoint
-  MobileNetV2 model(cfg, {.gen = &scratch, .device = device});
-  const Precision precision = TechniqueOptions{}.from_config(config).precision;
-  apply_precision(model, precision);
-  run.load_weights(model);
+  const TrainedMobileNet trained = load_trained(run, config, device, data.train, batch);
   VisionEvalResult r;
-  recompute_statistics(model, data.train, batch, device, precision);
-  r.weight_bytes = weight_bytes(model);
+  r.weight_bytes = weight_bytes(*trained.model);
   reset_peak_stats(device);
-  r.accuracy = accuracy(model, data.test, batch, device, &r.images_per_s, precision);
+  r.accuracy = accuracy(*trained.model, data.test, batch, device, &r.images_per_s, trained.precision);
   r.peak_bytes = memory_stats(device).allocated.peak;
   r.examples = data.test->size();
   return r;

@@ -229,6 +229,40 @@ TEST_CASE("prune command: vision structured run evaluates and fine-tunes", "[pru
   CHECK(std::isfinite(vision_eval({.run = out}).accuracy));
 }
 
+TEST_CASE("prune command: --distill fine-tunes a vision run from its unpruned source", "[prune][apps][slow]") {
+  DataTempDir tmp("prune_distill");
+  const std::string run = tiny_vision_run(tmp, "run");
+  auto prune = [&](const std::string& name, double distill) {
+    return prune_run({.run = run, .out = tmp.file(name), .amount = 0.5, .finetune_steps = 2, .distill = distill,
+                      .distill_temperature = 3.0, .progress = ProgressStyle::none});
+  };
+  const PruneResult plain = prune("plain", 0.0), distilled = prune("distilled", 0.7);
+  CHECK(distilled.finetune_steps == 2);
+  CHECK(std::isfinite(distilled.quality_finetuned));
+  // The same pruned start, a different loss: the fine-tuned weights differ.
+  CHECK(distilled.quality_pruned == plain.quality_pruned);
+  const auto w_plain = load_safetensors(RunDir(tmp.file("plain")).checkpoint_dir() + "/model.safetensors");
+  const auto w_distilled = load_safetensors(RunDir(tmp.file("distilled")).checkpoint_dir() + "/model.safetensors");
+  int64_t differ = 0;
+  REQUIRE(w_plain.size() == w_distilled.size());
+  for (size_t i = 0; i < w_plain.size(); ++i)
+    differ += w_plain[i].second.to_vector<double>() != w_distilled[i].second.to_vector<double>();
+  CHECK(differ > 0);
+  // config.json names the teacher (absolute), so resuming the run keeps distilling.
+  const nlohmann::json cfg = RunDir(tmp.file("distilled")).read_config();
+  CHECK(cfg.at("distill").at("weight") == 0.7);
+  CHECK(cfg.at("distill").at("temperature") == 3.0);
+  CHECK(fs::path(cfg.at("distill").at("teacher").get<std::string>()) == fs::absolute(run).lexically_normal());
+  CHECK_FALSE(RunDir(tmp.file("plain")).read_config().contains("distill"));
+  // Without its teacher the run says so instead of silently training on the labels only.
+  fs::rename(run, tmp.file("moved"));
+  VisionTrainOptions resume;
+  resume.resume = tmp.file("distilled");
+  resume.resume_epochs = 2;
+  resume.progress = ProgressStyle::none;
+  CHECK_THROWS_WITH(vision_train(resume), Catch::Contains("distillation teacher"));
+}
+
 TEST_CASE("prune command: bad input is a clear error", "[prune][apps]") {
   DataTempDir tmp("prune_errors");
   const std::string run = tiny_gpt_run(tmp, "run");
@@ -250,6 +284,10 @@ TEST_CASE("prune command: bad input is a clear error", "[prune][apps]") {
   fails({.target = "layers"}, "--target must be mlp, heads or mlp+heads");
   fails({.target = "expansion"}, "--target must be mlp, heads or mlp+heads");
   fails({.scope = "model"}, "unknown scope 'model'");
+  fails({.finetune_steps = 2, .distill = 1.5}, "distillation weight must be in [0, 1]");
+  fails({.finetune_steps = 2, .distill = 0.5, .distill_temperature = 0.0}, "temperature must be > 0");
+  fails({.distill = 0.5}, "--distill shapes the fine-tune");
+  fails({.finetune_steps = 2, .distill = 0.5}, "--distill fine-tunes vision runs");
   // taylor without data: the run's token file is gone.
   fs::remove(RunDir(run).read_config().at("data").at("token_file").get<std::string>());
   fails({.criterion = "taylor"}, "needs the run's training data");
