@@ -358,14 +358,13 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   }
   task.micro_loss = [&](const Batch& b, int64_t begin, int64_t n) {
     const Tensor x = narrow(b.input, 0, begin, n), y = to(narrow(b.target, 0, begin, n), label_device);
-    const Tensor logits = model.forward(model_input(model, x));
-    if (!teacher) return cross_entropy(logits, y);
-    Tensor soft;
+    if (!teacher) return cross_entropy(model.forward(model_input(model, x)), y);
+    Tensor soft;  // first, while the student has saved nothing: its activations come and go alone
     {
       NoGradGuard no_grad;
       soft = teacher->model->forward(model_input(*teacher->model, x));
     }
-    return distillation_loss(logits, soft, y, distill);
+    return distillation_loss(model.forward(model_input(model, x)), soft, y, distill);
   };
   task.evaluate = [&](int64_t step) -> std::optional<Evaluation> {
     if (step % per_epoch != 0) return std::nullopt;  // test accuracy after every epoch
