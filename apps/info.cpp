@@ -114,7 +114,9 @@ void print_info() {
   row("Eigen", std::to_string(EIGEN_WORLD_VERSION) + "." + std::to_string(EIGEN_MAJOR_VERSION) + "." +
                    std::to_string(EIGEN_MINOR_VERSION));
   row("CPU GEMM", cpu_gemm_backend());
-  row("int8 GEMM", int8_gemm_path());
+  // The CPU's path, and the GPU kernel that quantized layers use on cuda:N when a GPU is visible.
+  row("int8 GEMM", std::string(int8_gemm_path()) +
+                       (cuda::device_count() > 0 ? std::string("; on cuda:N: ") + int8_gemm_cuda_path() : ""));
   row("OpenBLAS", openblas_get_config());
   row("threads", std::to_string(num_threads()) + " OpenMP threads (of " +
                      std::to_string(std::thread::hardware_concurrency()) +

@@ -5,7 +5,8 @@
 //   copy_, cast and add (GB/s counting bytes read + written) vs cudaMemcpy device to device;
 //   softmax and layer_norm bandwidth as a fraction of the cudaMemcpy bandwidth;
 //   one MobileNetV2 inverted-residual block (batch 32, 112x112, 16 -> 96 -> 24, stride 2)
-//   forward + backward on cuDNN (ms per step, images/s).
+//   forward + backward on cuDNN (ms per step, images/s);
+//   the int8 GEMM 4096^3 (ops/cuda/int8_gemm.cu, u8 x s8 -> f32 epilogue; TOPS) vs f32 matmul.
 // Prints one table, then "RESULT <name> <value> <unit> <ratio>" lines for scripts to collect.
 // A standalone program (no Google Benchmark), so a machine with only the CUDA toolkit runs it.
 #include <algorithm>
@@ -20,6 +21,7 @@
 #include "core/cuda/backend.h"
 #include "core/cuda/context.h"
 #include "core/rng.h"
+#include "ops/int8_gemm.h"
 #include "ops/ops.h"
 
 using namespace mg;
@@ -168,6 +170,29 @@ void bench_mobilenet_block() {
   add_row("MobileNetV2 block fwd+bwd (32, 16, 112, 112)", ms, "ms", "images/s " + std::to_string(int(N / ms * 1e3)), 0);
 }
 
+// ---- int8 GEMM ------------------------------------------------------------------------------
+
+void bench_int8_gemm() {
+  const int64_t n = 4096;
+  const double ops = 2.0 * double(n) * double(n) * double(n);
+  NoGradGuard no_grad;
+  const Tensor a = cast(mul(gpu_uniform({n, n}, 17), 127.0), DType::i8);         // weights (M, K) s8
+  const Tensor b = cast(mul(add(gpu_uniform({n, n}, 18), 1.0), 127.0), DType::u8);  // activations (K, N) u8
+  const Tensor scale = full({n}, 1e-3, {.device = kGPU});
+  Tensor out = empty({n, n}, {.device = kGPU});
+  const Int8PackedA pa = int8_pack_a(a);
+  const Int8Layout rm{.group = n, .group_stride = 0, .col_stride = 1, .row_stride = n};
+  const double ms_int8 = time_ms([&] {
+    int8_gemm(pa, n, b.data<uint8_t>(), rm, 128,
+              {.f32 = out.data<float>(), .layout = rm, .row_scale = scale.data<float>()}, kGPU);
+  });
+  const Tensor fa = gpu_uniform({n, n}, 1), fb = gpu_uniform({n, n}, 2);
+  const double ms_f32 = time_ms([&] { Tensor o = matmul(fa, fb); });
+  const double tops = ops / ms_int8 * 1e-9, tf_f32 = ops / ms_f32 * 1e-9;
+  add_row("int8 GEMM 4096^3 (dp4a) -> f32", tops, "TOPS", "matmul f32 " + std::to_string(int(tf_f32)) + " TFLOP/s",
+          tf_f32);
+}
+
 }  // namespace
 
 int main() {
@@ -180,6 +205,7 @@ int main() {
     bench_matmul();
     bench_bandwidth();
     bench_mobilenet_block();
+    bench_int8_gemm();
     std::printf("\n%-46s %12s %-8s %-28s %6s\n", "benchmark", "memgrad", "unit", "reference", "ratio");
     for (const Row& r : g_rows)
       std::printf("%-46s %12.2f %-8s %-28s %6.2f\n", r.name.c_str(), r.value, r.unit.c_str(), r.reference.c_str(), r.ratio);

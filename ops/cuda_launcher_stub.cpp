@@ -1,8 +1,9 @@
-// The launchers of ops/cuda/launchers.h in a build without CUDA (CMake compiles this file or
+// The launchers of ops/cuda/launchers.h and ops/cuda/int8_launchers.h in a build without CUDA (CMake
 // ops/cuda/, never both), so op files dispatch with a plain `if (x.device().is_cuda())` and no
 // preprocessor. Every launcher throws naming the op and the tensor's device; in practice a cuda:N
 // tensor cannot exist here (core/cuda_stub.cpp refuses the device first), so this is the backstop.
 #include "core/error.h"
+#include "ops/cuda/int8_launchers.h"
 #include "ops/cuda/launchers.h"
 
 namespace mg::cuda {
@@ -10,6 +11,11 @@ namespace {
 
 [[noreturn]] void no_cuda(const char* op, const Tensor& t) {
   MG_THROW(op, ": tensor on ", t.defined() ? t.device().str() : std::string("cuda"),
+           " but this memgrad was built without CUDA (configure with `cmake --preset cuda`)");
+}
+
+[[noreturn]] void no_cuda_device(const char* op, int device) {
+  MG_THROW(op, ": data on cuda:", device,
            " but this memgrad was built without CUDA (configure with `cmake --preset cuda`)");
 }
 
@@ -102,5 +108,18 @@ void adam_step(const Tensor& w, const Tensor&, const Tensor&, const Tensor&, con
   no_cuda("adam step", w);
 }
 void sgd_step(const Tensor& w, const Tensor&, const Tensor&, const Tensor&, const SgdStep&) { no_cuda("sgd step", w); }
+
+void int8_row_sums(int device, const int8_t*, int64_t, int64_t, int32_t*) { no_cuda_device("int8_pack_a", device); }
+void int8_gemm(int device, int64_t, int64_t, int64_t, const int8_t*, const int32_t*, const uint8_t*, const float*,
+               const Int8Layout&, float, int32_t, const Int8GemmOut&) {
+  no_cuda_device("int8_gemm", device);
+}
+void int8_depthwise(int device, const Int8DepthwiseShape&, const uint8_t*, int32_t, const int8_t*,
+                    const Int8DepthwiseOut&) {
+  no_cuda_device("int8_depthwise", device);
+}
+void quantize_per_tensor(const Tensor& out, const Tensor&, float, int32_t) { no_cuda("quantize_per_tensor", out); }
+void dequantize_per_tensor(const Tensor& out, const Tensor&, float, int32_t) { no_cuda("dequantize_per_tensor", out); }
+void dequantize_per_channel(const Tensor& out, const Tensor&, const Tensor&) { no_cuda("dequantize_per_channel", out); }
 
 }  // namespace mg::cuda

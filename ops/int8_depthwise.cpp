@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/cuda/int8_launchers.h"
 
 namespace mg {
 namespace {
@@ -212,13 +213,15 @@ void int8_depthwise_ref(const Int8DepthwiseShape& s, const uint8_t* x, int32_t z
 }
 
 void int8_depthwise(const Int8DepthwiseShape& s, const uint8_t* x, int32_t zx, const int8_t* w,
-                    const Int8DepthwiseOut& out) {
+                    const Int8DepthwiseOut& out, Device device) {
   check_shape(s);
   MG_CHECK(zx >= 0 && zx <= 255, "int8_depthwise: zero point ", zx, " is outside [0, 255]");
   MG_CHECK((out.i32 != nullptr) + (out.f32 != nullptr) + (out.u8 != nullptr) == 1,
            "int8_depthwise: exactly one of out.i32, out.f32 and out.u8 must be set");
   MG_CHECK(out.i32 || out.scale, "int8_depthwise: f32 and u8 output need per-channel scales");
   if (s.N == 0) return;
+  if (device.is_cuda()) return cuda::int8_depthwise(device.index, s, x, zx, w, out);
+  MG_CHECK(device.is_cpu(), "int8_depthwise: expected a cpu or cuda device, got ", device.str());
   const Plan p = make_plan(s);
   const Int8Isa isa = int8_isa();
   const int64_t OH = s.OH(), OW = s.OW(), plane_in = s.H * s.W, plane_out = OH * OW;

@@ -3,10 +3,12 @@
 // then ops/int8_requant.h's epilogue: f32 (per-channel scale, bias, clamp: a fused ReLU6) or u8 in
 // the next layer's input quantization. Any stride, kernel size and padding. Paths, chosen at run
 // time (ops/int8_isa.h): AVX-512 VNNI (vpdpwssd, 32 outputs at once), AVX2 (vpmaddwd, 16) and
-// scalar; integer sums are exact, so every path is bit-identical to int8_depthwise_ref.
+// scalar; integer sums are exact, so every path is bit-identical to int8_depthwise_ref. On a cuda
+// device the CUDA kernel of ops/cuda/int8_depthwise.cu runs, with the same epilogue functions.
 #pragma once
 #include <cstdint>
 
+#include "core/device.h"
 #include "ops/int8_isa.h"
 #include "ops/int8_requant.h"
 
@@ -36,7 +38,8 @@ struct Int8DepthwiseOut {
   const float* bias = nullptr;   // (C) or null
   Requant q{};                   // lo, hi, out_inv_scale, out_zero (its scale and bias are per channel)
 };
+// `device`: where every pointer (x, w, the output, scale, bias) lives; cuda:N runs on that GPU.
 void int8_depthwise(const Int8DepthwiseShape& s, const uint8_t* x, int32_t zx, const int8_t* w,
-                    const Int8DepthwiseOut& out);
+                    const Int8DepthwiseOut& out, Device device = kCPU);
 
 }  // namespace mg

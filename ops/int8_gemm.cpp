@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "core/memory_category.h"
 #include "core/parallel.h"
+#include "ops/cuda/int8_launchers.h"
 #include "ops/int8_isa.h"
 
 #define MG_TARGET_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
@@ -338,8 +339,12 @@ void run_gemm(const Int8PackedA& a, int64_t N, const float* f32, const uint8_t* 
   });
 }
 
+// A on cuda:N runs the CUDA kernel (ops/cuda/int8_gemm.cu, no workspace); else the CPU's best path.
 void dispatch(const Int8PackedA& a, int64_t N, const float* f32, const uint8_t* u8, const Int8Layout& b_layout,
               float inv_scale, int32_t b_zero, const Int8GemmOut& out, Device dev) {
+  if (a.data.device().is_cuda())
+    return cuda::int8_gemm(a.data.device().index, a.M, N, a.K, a.data.data<int8_t>(), a.row_sums.data<int32_t>(), u8,
+                           f32, b_layout, inv_scale, b_zero, out);
   switch (int8_isa()) {
     case Int8Isa::avx512vnni: return run_gemm<Vnni>(a, N, f32, u8, b_layout, inv_scale, b_zero, out, dev);
     case Int8Isa::avx2: return run_gemm<Avx2>(a, N, f32, u8, b_layout, inv_scale, b_zero, out, dev);
@@ -369,6 +374,8 @@ const char* int8_gemm_path() {
   return "scalar int32";
 }
 
+const char* int8_gemm_cuda_path() { return "CUDA dp4a tiled kernel (64x64 tiles, sm_61+)"; }
+
 void int8_gemm_ref(int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda, const uint8_t* B, int64_t ldb,
                    int32_t b_zero, int32_t* C, int64_t ldc) {
   for (int64_t m = 0; m < M; ++m)
@@ -381,13 +388,17 @@ void int8_gemm_ref(int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda
 
 Int8PackedA int8_pack_a(const Tensor& a) {
   MG_CHECK(a.defined() && a.dtype() == DType::i8 && a.dim() == 2 && (a.numel() == 0 || a.is_contiguous()) && !a.is_meta(),
-           "int8_pack_a: expected a contiguous 2-d i8 tensor on a cpu device, got ",
+           "int8_pack_a: expected a contiguous 2-d i8 tensor on a cpu or cuda device, got ",
            a.defined() ? shape_str(a.shape()) : std::string("an undefined tensor"));
   Int8PackedA p;
   p.data = a;
   p.M = a.size(0);
   p.K = a.size(1);
   p.row_sums = zeros({p.M}, {.dtype = DType::i32, .device = a.device()});
+  if (a.device().is_cuda()) {
+    cuda::int8_row_sums(a.device().index, a.data<int8_t>(), p.M, p.K, p.row_sums.data<int32_t>());
+    return p;
+  }
   const int8_t* src = a.data<int8_t>();
   int32_t* sums = p.row_sums.data<int32_t>();
   for (int64_t m = 0; m < p.M; ++m)

@@ -4,7 +4,9 @@
 // Three paths chosen at run time (ops/int8_isa.h: the CPU's best, capped by MG_INT8_ISA), all exact
 // in int32 (no saturation anywhere) and so bit-identical to int8_gemm_ref: AVX-512 VNNI (vpdpbusd
 // on u8 x s8), AVX2 (both operands widened to s16 at packing, vpmaddwd: vpmaddubsw would saturate
-// at 255*127*2 > 32767), and scalar.
+// at 255*127*2 > 32767), and scalar. When A lives on cuda:N, the same entry points run the CUDA
+// kernel of ops/cuda/int8_gemm.cu (__dp4a, the same epilogue functions), and every pointer given
+// (B, the outputs, row_scale, bias) must then be that device's memory.
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -16,6 +18,8 @@ namespace mg {
 
 // Which path int8_isa() selects ("AVX-512 VNNI (vpdpbusd)", "AVX2 (vpmaddwd on s16)" or "scalar int32").
 const char* int8_gemm_path();
+// The path for tensors on cuda:N ("CUDA __dp4a tiled kernel (sm_61+)").
+const char* int8_gemm_cuda_path();
 
 // The specification every path is checked against: row-major with leading dimensions,
 // C[m][n] = sum_k A[m][k] * (B[k][n] - b_zero).
@@ -30,7 +34,7 @@ void int8_gemm_ref(int64_t M, int64_t N, int64_t K, const int8_t* A, int64_t lda
 // transpose of a (rows=N, cols=K) matrix as (K, N): {1, K, 0, 1}.
 struct Int8Layout {
   int64_t group = 1, group_stride = 0, col_stride = 1, row_stride = 0;
-  int64_t offset(int64_t m, int64_t n) const {
+  MG_HOST_DEVICE int64_t offset(int64_t m, int64_t n) const {
     return (n / group) * group_stride + (n % group) * col_stride + m * row_stride;
   }
 };
@@ -43,7 +47,8 @@ struct Int8PackedA {
   Tensor row_sums;  // (M) i32: sum_k A[m][k]
   int64_t M = 0, K = 0;
 };
-// a: (M, K) i8 contiguous on a cpu device. a must not change while the result is in use.
+// a: (M, K) i8 contiguous on a cpu or cuda device (row_sums on the same device). a must not change
+// while the result is in use.
 Int8PackedA int8_pack_a(const Tensor& a);
 
 // What the epilogue writes for element (m, n) with the int32 value c (ops/int8_requant.h):

@@ -1,5 +1,7 @@
 // quantize / dequantize kernels (CPU, f32 arithmetic; rounding half to even as the int8 GEMM's
 // activation packing) with shape checks kept apart from the loops, so meta tensors get sizes only.
+// quantize_per_tensor and both dequantizations also run on cuda:N (ops/cuda/quantize.cu, the same
+// arithmetic); the per-channel weight quantization stays on the CPU (done once, before `.to()`).
 #include "ops/quantize.h"
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/parallel.h"
+#include "ops/cuda/int8_launchers.h"
 #include "ops/int8_requant.h"
 #include "ops/ops.h"
 
@@ -16,6 +19,8 @@ Tensor per_channel_scales(const Tensor& w) {
   MG_CHECK(w.defined() && is_floating(w.dtype()) && w.dim() >= 1 && w.size(0) > 0,
            "per_channel_scales: expected a floating tensor (C, ...) with C > 0, got ",
            w.defined() ? shape_str(w.shape()) : std::string("an undefined tensor"));
+  MG_CHECK(!w.device().is_cuda(), "quantize_per_channel: weights are quantized on a cpu device (then the quantized ",
+           "model moves with .to()), got a tensor on ", w.device().str());
   const int64_t C = w.size(0), inner = w.numel() / C;
   Tensor scales = empty({C}, {.dtype = DType::f32, .device = w.device()});
   if (w.is_meta()) return scales;
@@ -65,6 +70,10 @@ Tensor dequantize_per_channel(const Tensor& values, const Tensor& scales) {
   Tensor out = empty(values.shape(), {.dtype = DType::f32, .device = values.device()});
   if (out.is_meta() || out.numel() == 0) return out;
   Tensor v = contiguous(values), s = contiguous(scales);
+  if (out.device().is_cuda()) {
+    cuda::dequantize_per_channel(out, v, s);
+    return out;
+  }
   const int64_t C = v.size(0), inner = v.numel() / C;
   const int8_t* q = v.data<int8_t>();
   const float* sc = s.data<float>();
@@ -95,9 +104,13 @@ Tensor quantize_per_tensor(const Tensor& x, ActivationQParams p) {
   Tensor out = empty(x.shape(), {.dtype = DType::u8, .device = x.device()});
   if (out.is_meta() || out.numel() == 0) return out;
   Tensor xf = contiguous(cast(x, DType::f32));
+  const float inv = 1.f / p.scale;
+  if (out.device().is_cuda()) {
+    cuda::quantize_per_tensor(out, xf, inv, p.zero_point);
+    return out;
+  }
   const float* src = xf.data<float>();
   uint8_t* q = out.data<uint8_t>();
-  const float inv = 1.f / p.scale;
   parallel_for(0, out.numel(), 1 << 16, [&](int64_t i0, int64_t i1) {
     quantize_row_u8(src + i0, i1 - i0, inv, p.zero_point, q + i0);
   });
@@ -109,6 +122,10 @@ Tensor dequantize_per_tensor(const Tensor& q, ActivationQParams p) {
   Tensor out = empty(q.shape(), {.dtype = DType::f32, .device = q.device()});
   if (out.is_meta() || out.numel() == 0) return out;
   Tensor qc = contiguous(q);
+  if (out.device().is_cuda()) {
+    cuda::dequantize_per_tensor(out, qc, p.scale, p.zero_point);
+    return out;
+  }
   const uint8_t* src = qc.data<uint8_t>();
   float* o = out.data<float>();
   parallel_for(0, out.numel(), 1 << 16, [&](int64_t i0, int64_t i1) {

@@ -50,6 +50,8 @@ Tensor Int8OutlierLinear::forward(const Tensor& x) {
   out_shape.back() = out_features;
   Tensor out = empty(out_shape, {.device = x.device()});
   if (out.is_meta() || out.numel() == 0) return out;
+  MG_CHECK(x.device().is_cpu() && weight_int8.device().is_cpu(), "Int8OutlierLinear: runs on cpu devices only (the ",
+           "outlier split is host code), got input on ", x.device().str(), ", weights on ", weight_int8.device().str());
   const float thr = threshold();
   if (!packed_.data.defined() || packed_version_ != weight_int8.version()) {
     MemoryCategoryGuard cat(MemoryCategory::parameter);

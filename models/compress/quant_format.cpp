@@ -10,6 +10,7 @@
 #include "models/compress/int8_outlier_linear.h"
 #include "models/compress/quant_convert.h"
 #include "models/mobilenet_v2.h"
+#include "ops/ops.h"
 
 namespace mg {
 namespace {
@@ -123,8 +124,12 @@ LoadedQuantizedModel load_quantized(const std::string& path, Device device) {
     MG_THROW("'", path, "': ", e.what());
   }
   for (const auto& [key, t] : tensors) {
-    if (ends_with(key, "weight_scale") || ends_with(key, "input_scale")) check_scales(path, key, t);
-    if (ends_with(key, "input_zero_point")) check_zero_points(path, key, t);
+    const bool scale = ends_with(key, "weight_scale") || ends_with(key, "input_scale");
+    const bool zero = ends_with(key, "input_zero_point");
+    if (!scale && !zero) continue;
+    const Tensor host = t.device().is_cpu() ? t : to(t, kCPU);  // checked on the host
+    if (scale) check_scales(path, key, host);
+    else check_zero_points(path, key, host);
   }
   out.model->eval();
   return out;

@@ -13,6 +13,9 @@
 namespace mg {
 namespace {
 
+// Host pointers work across cpu:N pools; a GPU's memory only on that GPU.
+bool same_memory(Device a, Device b) { return a == b || (a.is_cpu() && b.is_cpu()); }
+
 Tensor zeros_on(const Shape& s, DType dt, Device d) { return zeros(s, {.dtype = dt, .device = d}); }
 
 // Fresh buffers holding copies (quantize_per_channel's outputs are activation memory).
@@ -21,14 +24,16 @@ void set_weights(Module& m, Tensor& q_member, Tensor& s_member, const QuantizedC
   copy_(s_member, q.scales);
 }
 
-// Per-output-channel scale of the whole product: w_scale[m] * input scale, workspace (Cout) f32.
+// Per-output-channel scale of the whole product: w_scale[m] * input scale, workspace (Cout) f32 on
+// w_scale's device (computed on the host, one f32 product each, and copied to a GPU).
 Tensor row_scales(const Tensor& w_scale, float in_scale) {
   MemoryCategoryGuard ws(MemoryCategory::workspace);
-  Tensor r = empty({w_scale.size(0)}, {.device = w_scale.device()});
-  const float* s = w_scale.data<float>();
+  const Tensor src = w_scale.device().is_cpu() ? w_scale : to(w_scale, kCPU);
+  Tensor r = empty({w_scale.size(0)}, {.device = src.device()});
+  const float* s = src.data<float>();
   float* o = r.data<float>();
   for (int64_t i = 0; i < r.numel(); ++i) o[i] = s[i] * in_scale;
-  return r;
+  return w_scale.device().is_cpu() ? r : to(r, w_scale.device());
 }
 
 Tensor dequantized(const Tensor& q, const Tensor& s) {
@@ -36,8 +41,12 @@ Tensor dequantized(const Tensor& q, const Tensor& s) {
   return dequantize_per_channel(q, s);
 }
 
+// Row sums are recomputed when the weight changed: a new version (load_state_dict) or new memory
+// (Module::to moved it to another device).
 void refresh_packed(const Tensor& w2d, Int8PackedA& packed, uint64_t& version, const Tensor& owner_weight) {
-  if (packed.data.defined() && version == owner_weight.version()) return;
+  if (packed.data.defined() && version == owner_weight.version() && packed.data.data_ptr() == w2d.data_ptr() &&
+      packed.row_sums.device() == w2d.device())
+    return;
   MemoryCategoryGuard cat(MemoryCategory::parameter);
   packed = int8_pack_a(w2d);
   version = owner_weight.version();
@@ -51,7 +60,7 @@ void Int8Input::init(Module& owner, ActivationQParams q, Device device) {
 }
 
 ActivationQParams Int8Input::get(const char* who) const {
-  ActivationQParams q{scale.data<float>()[0], zero_point.data<int32_t>()[0]};
+  ActivationQParams q{scale.item<float>(), zero_point.item<int32_t>()};  // from any device
   MG_CHECK(std::isfinite(q.scale) && q.scale > 0 && q.zero_point >= 0 && q.zero_point <= 255, who,
            ": invalid input quantization (scale ", q.scale, ", zero point ", q.zero_point,
            "): scale must be positive and finite, zero point in [0, 255]");
@@ -108,6 +117,8 @@ Tensor Int8Linear::forward(const Tensor& x) {
   MG_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features && x.dtype() == DType::f32,
            "Int8Linear: expected an f32 input (..., ", in_features, "), got ",
            x.defined() ? shape_str(x.shape()) : std::string("an undefined tensor"));
+  MG_CHECK(same_memory(x.device(), weight_int8.device()), "Int8Linear: input on ", x.device().str(), ", weights on ",
+           weight_int8.device().str());
   const ActivationQParams q = input.get("Int8Linear");
   refresh_packed(weight_int8, packed_, packed_version_, weight_int8);
   Shape out_shape = x.shape();
@@ -144,6 +155,8 @@ void Int8ConvBase::check_input(const Tensor& x) const {
   MG_CHECK(x.defined() && x.dim() == 4 && x.size(1) == in_channels && (x.dtype() == DType::f32 || x.dtype() == DType::u8),
            type_name(), ": expected an f32 or u8 input (N, ", in_channels, ", H, W), got ",
            x.defined() ? shape_str(x.shape()) + " " + std::string(dtype_name(x.dtype())) : std::string("an undefined tensor"));
+  MG_CHECK(same_memory(x.device(), weight_int8.device()), type_name(), ": input on ", x.device().str(), ", weights on ",
+           weight_int8.device().str());
 }
 
 Tensor Int8ConvBase::empty_output(const Shape& shape, Device device) const {
@@ -254,7 +267,7 @@ Tensor Int8DepthwiseConv2d::forward(const Tensor& x) {
   Int8DepthwiseOut o{.scale = rs.data<float>(), .bias = bias.defined() ? bias.data<float>() : nullptr, .q = requant()};
   if (out.dtype() == DType::u8) o.u8 = out.data<uint8_t>();
   else o.f32 = out.data<float>();
-  int8_depthwise(s, xq.data<uint8_t>(), q.zero_point, weight_int8.data<int8_t>(), o);
+  int8_depthwise(s, xq.data<uint8_t>(), q.zero_point, weight_int8.data<int8_t>(), o, x.device());
   return out;
 }
 
