@@ -12,6 +12,7 @@
 #include "core/memory_category.h"
 #include "core/rng.h"
 #include "ops/ops.h"
+#include "optim/clip_grad.h"
 #include "optim/trainer.h"
 
 namespace mg {
@@ -162,7 +163,8 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
       }
       trainer.step(w.batch, loss);
       const int64_t peak = meter.end_step(), reserved = memory_stats(device).reserved.peak;
-      times.stop();
+      const double seconds = times.stop();
+      if (s > 0) out.timed_ms.push_back(1e3 * seconds);
       out.flops = flops.counts();
       out.allocated_bytes = bytes.bytes;
       if (steps == kUntilSteady && s >= 2 && peak == previous_peak && reserved == previous_reserved) break;
@@ -172,6 +174,34 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     out.ms_per_step = 1e3 * times.median();
   }
   return out;
+}
+
+double measure_update_ms(const PlanWorkload& w, Precision precision, const Device& device, int reps) {
+  MG_CHECK(reps >= 1, "measure_update_ms: needs 1+ repetitions, got ", reps);
+  empty_cache(device);
+  std::shared_ptr<Module> model = build(w, device);
+  apply_precision(*model, precision);
+  TrainOptions o;
+  o.optimizer = w.optimizer;
+  o.momentum = w.momentum;
+  std::unique_ptr<Optimizer> opt = make_optimizer(o, *model);
+  std::vector<Tensor> params;
+  {
+    MemoryCategoryGuard tag(MemoryCategory::gradient);
+    for (const auto& g : opt->param_groups())
+      for (const auto& [name, p] : g.params) {
+        p.set_grad(zeros(p.shape(), {.dtype = p.dtype(), .device = device}));
+        params.push_back(p);
+      }
+  }
+  StepTimes times;
+  for (int r = 0; r <= reps; ++r) {  // the first is warm-up (the optimizer's state is allocated)
+    times.start();
+    if (w.grad_clip > 0) clip_grad_norm(params, w.grad_clip);
+    opt->step();
+    times.stop();
+  }
+  return 1e3 * times.median();
 }
 
 }  // namespace mg
