@@ -47,7 +47,8 @@ void estimate_from_steps(Plan& p, const PlanOptions& o) {
   std::vector<TechniqueOptions> shapes;
   for (const PlanRow& r : p.rows)
     if (r.fits) shapes.push_back(r.combination.techniques);
-  StepPieces pieces = o.pieces ? *o.pieces : StepPieces::cached();
+  StepPieces pieces = o.pieces ? *o.pieces : StepPieces::cached(p.cpu_time);
+  pieces.cpu_time = p.cpu_time;
   measure_step_pieces(p.workload, shapes, p.device, o.calibrate_rounds, pieces);
   if (!o.pieces && pieces.timed_now > 0) pieces.save();
   for (PlanRow& r : p.rows)
@@ -71,7 +72,8 @@ void verify(Plan& p, const PlanOptions& o) {
         const StepMeasurement m = measure_step(p.workload, row.combination.techniques, p.device,
                                                round == 0 ? int(o.verify_steps) : 2, p.budget);
         if (round == 0) row.measured = m.memory;
-        times[i].insert(times[i].end(), m.timed_ms.begin(), m.timed_ms.end());
+        const std::vector<double>& t = p.cpu_time ? m.timed_cpu_ms : m.timed_ms;
+        times[i].insert(times[i].end(), t.begin(), t.end());
       } catch (const OutOfMemoryError&) {
         row.measured_fits = false;
       }
@@ -120,6 +122,8 @@ Plan make_plan(const PlanOptions& o) {
   MG_CHECK(o.verify_rounds >= 1, "plan: --verify-rounds must be at least 1, got ", o.verify_rounds);
   MG_CHECK(o.calibrate == "flops" || o.calibrate == "steps", "plan: --calibrate must be flops or steps, got '",
            o.calibrate, "'");
+  MG_CHECK(o.clock == "wall" || o.clock == "cpu", "plan: --clock must be wall or cpu, got '", o.clock, "'");
+  p.cpu_time = o.clock == "cpu";
   if (!o.memory_limit.empty()) {
     p.budget = int64_t(parse_bytes(o.memory_limit));
     MG_CHECK(p.budget > 0, "plan: --memory-limit must be positive, got '", o.memory_limit, "'");
@@ -181,9 +185,10 @@ std::string Plan::table() const {
     std::snprintf(line, sizeof line,
                   "time: est ms of the rows that fit (est from: steps) = micro-batches x the measured ms of one "
                   "micro-step of the real model in that shape (precision, checkpointing, offload, micro-batch) + "
-                  "the measured update (%zu micro-step and %zu update pieces: %d timed now in %.1f s, median of %d "
-                  "interleaved rounds; the rest cached in %s); rows that do not fit: (est from: flops) as below\n",
-                  pieces->micro_ms.size(), pieces->update_ms.size(), pieces->timed_now, pieces->seconds,
+                  "the measured update (%s; %zu micro-step and %zu update pieces: %d timed now in %.1f s, median of "
+                  "%d interleaved rounds; the rest cached in %s); rows that do not fit: (est from: flops) as below\n",
+                  cpu_time ? "the process's CPU time" : "wall-clock", pieces->micro_ms.size(),
+                  pieces->update_ms.size(), pieces->timed_now, pieces->seconds,
                   calibrate_rounds, pieces->path.empty() ? "nowhere" : pieces->path.c_str());
     os << line;
   }
@@ -230,9 +235,10 @@ std::string Plan::table() const {
     const PlanRow& r = rows[size_t(recommended)];
     if (fastest >= 0 && r.measured) {
       std::snprintf(line, sizeof line, "verify: the fastest measured combination that fits is %s (%.1f ms); the "
-                    "recommended one measured %.1f ms (%.2fx); times: medians over %d interleaved rounds\n",
+                    "recommended one measured %.1f ms (%.2fx); times: %s, medians over %d interleaved rounds\n",
                     rows[size_t(fastest)].combination.name.c_str(), rows[size_t(fastest)].measured_ms, r.measured_ms,
-                    r.measured_ms / rows[size_t(fastest)].measured_ms, verify_rounds);
+                    r.measured_ms / rows[size_t(fastest)].measured_ms,
+                    cpu_time ? "the process's CPU time" : "wall-clock", verify_rounds);
       os << line;
     }
   }

@@ -40,6 +40,9 @@ struct PlanOptions {
   // calibrate_rounds interleaved rounds); rows that do not fit keep the FLOP estimate.
   std::string calibrate = "flops";
   int calibrate_rounds = 3;
+  // "wall" or "cpu": what --calibrate steps and --verify time, wall-clock time or the process's
+  // CPU time (steadier on a shared machine; Note [CPU time] in apps/plan_step.cpp).
+  std::string clock = "wall";
   std::optional<StepPieces> pieces{};  // "steps": start from these instead of the cache (tests)
 };
 
@@ -66,6 +69,7 @@ struct Plan {
   std::optional<StepPieces> pieces{};  // --calibrate steps
   int calibrate_rounds = 0;
   int verify_rounds = 0;
+  bool cpu_time = false;       // --clock cpu
   std::vector<PlanRow> rows;   // in candidate order
   int recommended = -1;        // index into rows; -1 when nothing fits
   double seconds = 0.0;        // wall-clock time the meta measurements took

@@ -36,6 +36,10 @@ void add_plan_command(CLI::App& app) {
                   "the time estimate: flops (FLOPs and bytes at measured rates, instant) or steps (timed "
                   "micro-steps of the real model per shape of work, cached: for sizes this machine runs)")
       ->capture_default_str();
+  cmd->add_option("--clock", o->clock,
+                  "what --calibrate steps and --verify time: wall (wall-clock) or cpu (the process's CPU time, "
+                  "steadier when other processes share the cores; with 1 thread it is the idle machine's step time)")
+      ->capture_default_str();
   cmd->add_option("--calibrate-rounds", o->calibrate_rounds,
                   "--calibrate steps: each piece is the median of this many interleaved rounds")
       ->capture_default_str();

@@ -49,6 +49,9 @@ struct StepMeasurement {
   int64_t allocated_bytes = 0;
   double ms_per_step = 0.0;  // meaningless on meta (no arithmetic)
   std::vector<double> timed_ms{};  // each step's wall-clock ms after the first (warm-up) one
+  // The same steps' CPU time of the whole process (all its threads): unlike wall-clock time, not
+  // inflated while other processes hold the cores (Note [CPU time] in plan_step.cpp).
+  std::vector<double> timed_cpu_ms{};
 };
 
 // measure_step's `steps` for "until the peak is steady" (Note [Steady state] in plan_step.cpp).
@@ -67,6 +70,8 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
 // The update alone of `w` under `precision` on `device`: the median ms of `reps` (after a warm-up)
 // optimizer steps with gradient clipping as the Trainer does them, over gradients of zeros (the
 // optimizer's work does not depend on the values). What a step costs beyond its micro-steps.
-double measure_update_ms(const PlanWorkload& w, Precision precision, const Device& device, int reps = 5);
+// cpu_time: the process's CPU time instead of wall-clock time.
+double measure_update_ms(const PlanWorkload& w, Precision precision, const Device& device, bool cpu_time,
+                         int reps = 5);
 
 }  // namespace mg

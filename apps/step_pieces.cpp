@@ -27,8 +27,9 @@ std::string workload_key(const PlanWorkload& w) {
          optimizer_kind_name(w.optimizer) + " clip " + std::to_string(w.grad_clip);
 }
 
-std::string cache_path() {
-  return (fs::path(memgrad_cache_dir()) / ("steps-" + std::to_string(num_threads()) + "threads.json")).string();
+std::string cache_path(bool cpu_time) {
+  const std::string name = "steps-" + std::to_string(num_threads()) + "threads-" + (cpu_time ? "cpu" : "wall");
+  return (fs::path(memgrad_cache_dir()) / (name + ".json")).string();
 }
 
 double median(std::vector<double> v) {
@@ -57,24 +58,26 @@ std::optional<double> StepPieces::estimate_ms(const PlanWorkload& w, const Techn
   return micro_steps * micro->second + update->second;
 }
 
-StepPieces StepPieces::cached() {
+StepPieces StepPieces::cached(bool cpu_time) {
   StepPieces p;
+  p.cpu_time = cpu_time;
   try {  // a cache that is missing, unreadable or for another CPU holds nothing
-    std::ifstream f(cache_path());
+    std::ifstream f(cache_path(cpu_time));
     if (!f) return p;
     const nlohmann::json j = nlohmann::json::parse(f);
     if (j.at("cpu").get<std::string>() != cpu_model_name() || j.at("threads").get<int>() != num_threads()) return p;
     p.micro_ms = j.at("micro_ms").get<std::map<std::string, double>>();
     p.update_ms = j.at("update_ms").get<std::map<std::string, double>>();
-    p.path = cache_path();
+    p.path = cache_path(cpu_time);
   } catch (const std::exception&) {
-    return StepPieces{};
+    p.micro_ms.clear();
+    p.update_ms.clear();
   }
   return p;
 }
 
 void StepPieces::save() {
-  const std::string target = cache_path();
+  const std::string target = cache_path(cpu_time);
   const nlohmann::json j{{"cpu", cpu_model_name()}, {"threads", num_threads()}, {"micro_ms", micro_ms},
                          {"update_ms", update_ms}};
   std::error_code ec;
@@ -95,7 +98,7 @@ void measure_step_pieces(const PlanWorkload& w, const std::vector<TechniqueOptio
   for (const TechniqueOptions& t : candidates) {
     const std::string key = StepPieces::update_key(w, t.precision);
     if (pieces.update_ms.count(key)) continue;
-    pieces.update_ms[key] = measure_update_ms(w, t.precision, device);
+    pieces.update_ms[key] = measure_update_ms(w, t.precision, device, pieces.cpu_time);
     ++pieces.timed_now;
   }
   // The missing micro-step shapes, each once: a one-micro-batch workload without accumulation.
@@ -114,7 +117,10 @@ void measure_step_pieces(const PlanWorkload& w, const std::vector<TechniqueOptio
   std::map<std::string, std::vector<double>> times;
   for (int r = 0; r < rounds; ++r)
     for (const auto& [key, shape] : missing)  // a warm-up step, then the timed one
-      times[key].push_back(measure_step(workloads.at(key), shape, device, 2).timed_ms.at(0));
+    {
+      const StepMeasurement m = measure_step(workloads.at(key), shape, device, 2);
+      times[key].push_back((pieces.cpu_time ? m.timed_cpu_ms : m.timed_ms).at(0));
+    }
   for (const auto& [key, shape] : missing) {
     const double step = median(times.at(key));
     const double update = pieces.update_ms.at(StepPieces::update_key(w, shape.precision));

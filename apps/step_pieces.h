@@ -7,7 +7,7 @@
 // candidates -- (checkpoint policy, precision, offload, micro-batch size) -- is timed once as a
 // real Trainer step of one micro-batch, each precision's update is timed alone, and a candidate
 // of n micro-batches is estimated as n x (its micro-step) + its update. Pieces are cached per
-// workload, CPU and thread count (steps-<threads>threads.json beside the calibration), so a
+// workload, CPU and thread count (steps-<threads>threads-<wall|cpu>.json beside the calibration), so a
 // second plan of the same workload, under another budget, times nothing.
 #pragma once
 #include <map>
@@ -25,6 +25,9 @@ struct StepPieces {
   int timed_now = 0;         // pieces measured by this process (the rest came from the cache)
   double seconds = 0.0;      // wall-clock time spent timing them
   std::string path{};        // the cache file ("" when none)
+  // Times are the process's CPU time rather than wall-clock time (Note [CPU time] in
+  // plan_step.cpp); each clock has its own cache file.
+  bool cpu_time = false;
 
   // The keys: the workload (name, parameters, optimizer, clipping) and the piece's shape.
   static std::string micro_key(const PlanWorkload& w, const TechniqueOptions& t);
@@ -34,7 +37,7 @@ struct StepPieces {
 
   // The cached pieces of this CPU and thread count (none when missing or unreadable), and
   // writing them back (atomically; a failure to write leaves path empty).
-  static StepPieces cached();
+  static StepPieces cached(bool cpu_time);
   void save();
 };
 
@@ -42,6 +45,7 @@ struct StepPieces {
 // runs every missing micro-step shape once (a fresh model: a warm-up step, then one timed step
 // of one micro-batch), so a burst of load from other processes slows all shapes alike; a piece
 // is the median over `rounds` rounds, less its precision's update (timed alone, median of 5).
+// The clock is pieces.cpu_time's.
 void measure_step_pieces(const PlanWorkload& w, const std::vector<TechniqueOptions>& candidates,
                          const Device& device, int rounds, StepPieces& pieces);
 

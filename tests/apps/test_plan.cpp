@@ -126,6 +126,7 @@ TEST_CASE("plan --calibrate steps: missing pieces are timed, one per shape of wo
                                                  parse_combination("accum2", 4, kCPU).techniques,
                                                  parse_combination("ckpt+accum2", 4, kCPU).techniques};
   StepPieces pieces;
+  pieces.cpu_time = true;
   measure_step_pieces(w, candidates, kCPU, 1, pieces);
   CHECK(pieces.timed_now == 4);  // the fp32 update and three micro-step shapes
   CHECK(pieces.micro_ms.size() == 3);
