@@ -18,9 +18,7 @@ namespace mg {
 
 namespace fs = std::filesystem;
 
-namespace {
-
-std::string cpu_model() {
+std::string cpu_model_name() {
   std::ifstream f("/proc/cpuinfo");
   std::string line;
   while (std::getline(f, line))
@@ -30,6 +28,8 @@ std::string cpu_model() {
     }
   return "unknown CPU";
 }
+
+namespace {
 
 // The fastest of `reps` runs of fn, in seconds (the least disturbed by other work).
 template <class F>
@@ -52,7 +52,7 @@ Tensor filled(const Shape& s, DType dt) {
 
 Calibration measure() {
   Calibration c;
-  c.cpu = cpu_model();
+  c.cpu = cpu_model_name();
   c.threads = num_threads();
   MemoryCategoryGuard ws(MemoryCategory::workspace);
   // GEMMs of a GPT-ish shape: (B*T, C) x (C, 4C); the fastest of 5 (a shared machine slows some).
@@ -82,13 +82,18 @@ Calibration measure() {
 
 }  // namespace
 
-std::string calibration_cache_path() {
+std::string memgrad_cache_dir() {
   fs::path dir;
   if (const char* d = std::getenv("MG_CACHE_DIR"); d && *d) dir = d;
   else if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) dir = fs::path(x) / "memgrad";
   else if (const char* h = std::getenv("HOME"); h && *h) dir = fs::path(h) / ".cache" / "memgrad";
   else dir = fs::temp_directory_path() / "memgrad";
-  return (dir / ("calibration-" + std::to_string(num_threads()) + "threads.json")).string();
+  return dir.string();
+}
+
+std::string calibration_cache_path() {
+  return (fs::path(memgrad_cache_dir()) / ("calibration-" + std::to_string(num_threads()) + "threads.json"))
+      .string();
 }
 
 nlohmann::json Calibration::to_json() const {
@@ -99,7 +104,7 @@ nlohmann::json Calibration::to_json() const {
 
 Calibration Calibration::of_this_machine() {
   const std::string path = calibration_cache_path();
-  const std::string cpu = cpu_model();
+  const std::string cpu = cpu_model_name();
   try {  // a cache that is missing, unreadable or for another machine is measured anew
     std::ifstream f(path);
     if (f) {

@@ -31,5 +31,8 @@ struct Calibration {
 
 // The cache file for this CPU and thread count.
 std::string calibration_cache_path();
+// The folder the planner caches its measurements in (see above), and lscpu's model name.
+std::string memgrad_cache_dir();
+std::string cpu_model_name();
 
 }  // namespace mg

@@ -2,6 +2,7 @@
 // ranking, the table and the JSON rows.
 #include "apps/plan.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,6 +41,52 @@ bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& meta
   }
 }
 
+// --calibrate steps: the rows that fit (all without a budget) get n x micro-step + update from
+// timed pieces; the ones that do not fit cannot be recommended and keep the FLOP estimate.
+void estimate_from_steps(Plan& p, const PlanOptions& o) {
+  std::vector<TechniqueOptions> shapes;
+  for (const PlanRow& r : p.rows)
+    if (r.fits) shapes.push_back(r.combination.techniques);
+  StepPieces pieces = o.pieces ? *o.pieces : StepPieces::cached(p.cpu_time);
+  pieces.cpu_time = p.cpu_time;
+  measure_step_pieces(p.workload, shapes, p.device, o.calibrate_rounds, pieces);
+  if (!o.pieces && pieces.timed_now > 0) pieces.save();
+  for (PlanRow& r : p.rows)
+    if (r.fits) {
+      r.estimated_ms = pieces.estimate_ms(p.workload, r.combination.techniques).value();
+      r.from_steps = true;
+    }
+  p.pieces = pieces;
+  p.calibrate_rounds = o.calibrate_rounds;
+}
+
+// --verify: the memory from the first round (verify_steps steps under the budget), the time the
+// median of every timed step over all rounds, the candidates interleaved round by round.
+void verify(Plan& p, const PlanOptions& o) {
+  std::vector<std::vector<double>> times(p.rows.size());
+  for (int round = 0; round < o.verify_rounds; ++round)
+    for (size_t i = 0; i < p.rows.size(); ++i) {
+      PlanRow& row = p.rows[i];
+      if (!row.measured_fits) continue;
+      try {
+        const StepMeasurement m = measure_step(p.workload, row.combination.techniques, p.device,
+                                               round == 0 ? int(o.verify_steps) : 2, p.budget);
+        if (round == 0) row.measured = m.memory;
+        const std::vector<double>& t = p.cpu_time ? m.timed_cpu_ms : m.timed_ms;
+        times[i].insert(times[i].end(), t.begin(), t.end());
+      } catch (const OutOfMemoryError&) {
+        row.measured_fits = false;
+      }
+    }
+  for (size_t i = 0; i < p.rows.size(); ++i) {
+    std::vector<double>& t = times[i];
+    if (t.empty()) continue;
+    std::sort(t.begin(), t.end());
+    p.rows[i].measured_ms = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
+  }
+  p.verify_rounds = o.verify_rounds;
+}
+
 }  // namespace
 
 std::string default_candidates(int64_t batch) {
@@ -72,6 +119,11 @@ Plan make_plan(const PlanOptions& o) {
            ": plans are for cpu:N for now (on cuda:N attention keeps its (B, NH, T, T) weights, which the meta step "
            "does not model, and the time model is calibrated on this machine's CPU)");
   MG_CHECK(o.verify_steps >= 2, "plan: --verify-steps must be at least 2 (the first is warm-up), got ", o.verify_steps);
+  MG_CHECK(o.verify_rounds >= 1, "plan: --verify-rounds must be at least 1, got ", o.verify_rounds);
+  MG_CHECK(o.calibrate == "flops" || o.calibrate == "steps", "plan: --calibrate must be flops or steps, got '",
+           o.calibrate, "'");
+  MG_CHECK(o.clock == "wall" || o.clock == "cpu", "plan: --clock must be wall or cpu, got '", o.clock, "'");
+  p.cpu_time = o.clock == "cpu";
   if (!o.memory_limit.empty()) {
     p.budget = int64_t(parse_bytes(o.memory_limit));
     MG_CHECK(p.budget > 0, "plan: --memory-limit must be positive, got '", o.memory_limit, "'");
@@ -106,21 +158,11 @@ Plan make_plan(const PlanOptions& o) {
              smallest.combination.name, ")\n  hint: bf16pure stores the parameters in 2 bytes instead of 4; "
              "--optimizer adamw8bit or sgd shrinks the optimizer state; a smaller --batch or model lowers the rest");
   }
+  if (o.calibrate == "steps") estimate_from_steps(p, o);
   for (size_t i = 0; i < p.rows.size(); ++i)
     if (p.rows[i].fits && (p.recommended < 0 || p.rows[i].estimated_ms < p.rows[size_t(p.recommended)].estimated_ms))
       p.recommended = int(i);
-  if (o.verify) {
-    for (PlanRow& row : p.rows) {
-      try {
-        const StepMeasurement m =
-            measure_step(p.workload, row.combination.techniques, p.device, int(o.verify_steps), p.budget);
-        row.measured = m.memory;
-        row.measured_ms = m.ms_per_step;
-      } catch (const OutOfMemoryError&) {
-        row.measured_fits = false;
-      }
-    }
-  }
+  if (o.verify) verify(p, o);
   return p;
 }
 
@@ -139,21 +181,33 @@ std::string Plan::table() const {
                 "for %s; %zu combinations in %.0f ms)\n",
                 device.str().c_str(), rows.size(), 1e3 * seconds);
   os << line;
-  os << "time: estimated ms/step = the step's FLOPs and allocated bytes at this machine's measured rates ("
-     << calibration.str() << (calibration.cached ? "; cached in " : "; measured now, cached in ")
+  if (pieces) {
+    std::snprintf(line, sizeof line,
+                  "time: est ms of the rows that fit (est from: steps) = micro-batches x the measured ms of one "
+                  "micro-step of the real model in that shape (precision, checkpointing, offload, micro-batch) + "
+                  "the measured update (%s; %zu micro-step and %zu update pieces: %d timed now in %.1f s, median of "
+                  "%d interleaved rounds; the rest cached in %s); rows that do not fit: (est from: flops) as below\n",
+                  cpu_time ? "the process's CPU time" : "wall-clock", pieces->micro_ms.size(),
+                  pieces->update_ms.size(), pieces->timed_now, pieces->seconds,
+                  calibrate_rounds, pieces->path.empty() ? "nowhere" : pieces->path.c_str());
+    os << line;
+  }
+  os << "time: " << (pieces ? "(est from: flops)" : "estimated") << " ms/step = the step's FLOPs and allocated "
+     << "bytes at this machine's measured rates (" << calibration.str()
+     << (calibration.cached ? "; cached in " : "; measured now, cached in ")
      << (calibration.path.empty() ? std::string("nowhere") : calibration.path) << ")\n";
   const bool verified = std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return r.measured || !r.measured_fits; });
-  std::snprintf(line, sizeof line, "%-26s %9s %9s %9s %9s %9s %9s %10s %10s %5s %10s", "combination", "param", "grad",
-                "optim", "activ", "work", "input", "peak", "reserved", "fits", "est ms");
+  std::snprintf(line, sizeof line, "%-26s %9s %9s %9s %9s %9s %9s %10s %10s %5s %10s %6s", "combination", "param",
+                "grad", "optim", "activ", "work", "input", "peak", "reserved", "fits", "est ms", "from");
   os << line << (verified ? "  measured peak  measured ms   est/meas" : "") << "\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const PlanRow& r = rows[i];
     auto cat = [&](MemoryCategory k) { return mib(r.memory.category[size_t(k)]); };
-    std::snprintf(line, sizeof line, "%-26s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f %10.2f %5s %10.1f",
+    std::snprintf(line, sizeof line, "%-26s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f %10.2f %5s %10.1f %6s",
                   (r.combination.name + (int(i) == recommended ? " *" : "")).c_str(), cat(MemoryCategory::parameter),
                   cat(MemoryCategory::gradient), cat(MemoryCategory::optimizer_state), cat(MemoryCategory::activation),
                   cat(MemoryCategory::workspace), cat(MemoryCategory::input), mib(r.memory.peak), mib(r.memory.reserved),
-                  r.fits ? "yes" : "no", r.estimated_ms);
+                  r.fits ? "yes" : "no", r.estimated_ms, r.from_steps ? "steps" : "flops");
     os << line;
     if (r.measured) {
       std::snprintf(line, sizeof line, "  %10.2f %s %11.1f %9.2fx", mib(r.measured->peak),
@@ -181,8 +235,10 @@ std::string Plan::table() const {
     const PlanRow& r = rows[size_t(recommended)];
     if (fastest >= 0 && r.measured) {
       std::snprintf(line, sizeof line, "verify: the fastest measured combination that fits is %s (%.1f ms); the "
-                    "recommended one measured %.1f ms (%.2fx)\n", rows[size_t(fastest)].combination.name.c_str(),
-                    rows[size_t(fastest)].measured_ms, r.measured_ms, r.measured_ms / rows[size_t(fastest)].measured_ms);
+                    "recommended one measured %.1f ms (%.2fx); times: %s, medians over %d interleaved rounds\n",
+                    rows[size_t(fastest)].combination.name.c_str(), rows[size_t(fastest)].measured_ms, r.measured_ms,
+                    r.measured_ms / rows[size_t(fastest)].measured_ms,
+                    cpu_time ? "the process's CPU time" : "wall-clock", verify_rounds);
       os << line;
     }
   }
@@ -205,6 +261,7 @@ nlohmann::json Plan::to_json() const {
                      {"reserved_bytes", r.memory.reserved},
                      {"fits", r.fits},
                      {"ms_per_step", r.estimated_ms},
+                     {"ms_per_step_from", r.from_steps ? "steps" : "flops"},
                      {"recommended", int(i) == recommended},
                      {"allocated_bytes", r.allocated_bytes}};
     for (MemoryCategory c : kAllMemoryCategories)

@@ -1,8 +1,10 @@
 // `memgrad plan`: the memory of every candidate combination of techniques for a workload, exact,
 // from one Trainer step per combination on the meta device (apps/plan_step.h), whether it fits a
 // budget, its estimated step time (apps/cost_model.h), and the recommendation: the fastest
-// combination that fits. `--verify` also runs each candidate on the real device and sets the
-// measured memory and time beside the estimates.
+// combination that fits. The time estimate is FLOPs and bytes at this machine's calibrated
+// rates (apps/cost_model.h), or, with `--calibrate steps`, built from timed micro-steps of the
+// real model (apps/step_pieces.h). `--verify` also runs each candidate on the real device and
+// sets the measured memory and time beside the estimates.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -14,6 +16,7 @@
 #include "apps/bench.h"
 #include "apps/cost_model.h"
 #include "apps/plan_step.h"
+#include "apps/step_pieces.h"
 
 namespace mg {
 
@@ -27,7 +30,20 @@ struct PlanOptions {
   std::optional<PlanWorkload> workload{};  // instead of model / batch (tiny models for tests)
   bool verify = false;              // also run every candidate on the device
   int64_t verify_steps = 3;         // steps per verified candidate (the first is warm-up)
+  // --verify's time is the median over this many rounds; each round runs every candidate once,
+  // in turn, so a burst of load from other processes slows all candidates alike. The first
+  // round also measures the memory; later ones run 2 steps (warm-up + timed) each.
+  int verify_rounds = 3;
   std::optional<Calibration> calibration{};  // the time model's rates (default: this machine's, cached)
+  // "flops": FLOPs and bytes at the calibrated rates. "steps": the rows that fit are estimated
+  // from timed micro-steps and updates (StepPieces; cached, the missing ones timed now in
+  // calibrate_rounds interleaved rounds); rows that do not fit keep the FLOP estimate.
+  std::string calibrate = "flops";
+  int calibrate_rounds = 3;
+  // "wall" or "cpu": what --calibrate steps and --verify time, wall-clock time or the process's
+  // CPU time (steadier on a shared machine; Note [CPU time] in apps/plan_step.cpp).
+  std::string clock = "wall";
+  std::optional<StepPieces> pieces{};  // "steps": start from these instead of the cache (tests)
 };
 
 struct PlanRow {
@@ -36,6 +52,7 @@ struct PlanRow {
   FlopCounts flops{};
   int64_t allocated_bytes = 0;
   double estimated_ms = 0.0;
+  bool from_steps = false;   // estimated_ms from timed micro-steps (else from FLOPs and bytes)
   bool fits = true;
   // --verify: the same step run on the device.
   std::optional<StepMemory> measured{};
@@ -49,6 +66,10 @@ struct Plan {
   int64_t budget = 0;          // 0: none
   int64_t num_parameters = 0;
   Calibration calibration;
+  std::optional<StepPieces> pieces{};  // --calibrate steps
+  int calibrate_rounds = 0;
+  int verify_rounds = 0;
+  bool cpu_time = false;       // --clock cpu
   std::vector<PlanRow> rows;   // in candidate order
   int recommended = -1;        // index into rows; -1 when nothing fits
   double seconds = 0.0;        // wall-clock time the meta measurements took

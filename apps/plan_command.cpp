@@ -29,6 +29,20 @@ void add_plan_command(CLI::App& app) {
   cmd->add_flag("--verify", o->verify, "also run every candidate for --verify-steps steps: measured vs estimated");
   cmd->add_option("--verify-steps", o->verify_steps, "steps per verified candidate (the first is warm-up)")
       ->capture_default_str();
+  cmd->add_option("--verify-rounds", o->verify_rounds,
+                  "--verify's time is the median over this many rounds of every candidate in turn")
+      ->capture_default_str();
+  cmd->add_option("--calibrate", o->calibrate,
+                  "the time estimate: flops (FLOPs and bytes at measured rates, instant) or steps (timed "
+                  "micro-steps of the real model per shape of work, cached: for sizes this machine runs)")
+      ->capture_default_str();
+  cmd->add_option("--clock", o->clock,
+                  "what --calibrate steps and --verify time: wall (wall-clock) or cpu (the process's CPU time, "
+                  "steadier when other processes share the cores; with 1 thread it is the idle machine's step time)")
+      ->capture_default_str();
+  cmd->add_option("--calibrate-rounds", o->calibrate_rounds,
+                  "--calibrate steps: each piece is the median of this many interleaved rounds")
+      ->capture_default_str();
   cmd->callback([o, json] {
     const Plan p = make_plan(*o);
     if (*json) std::printf("%s\n", p.to_json().dump(2).c_str());

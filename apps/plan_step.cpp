@@ -5,6 +5,7 @@
 #include "apps/plan_step.h"
 
 #include <atomic>
+#include <ctime>
 
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
@@ -12,6 +13,7 @@
 #include "core/memory_category.h"
 #include "core/rng.h"
 #include "ops/ops.h"
+#include "optim/clip_grad.h"
 #include "optim/trainer.h"
 
 namespace mg {
@@ -53,6 +55,17 @@ struct AllocatedBytes : AllocatorObserver {
   std::optional<Device> b;
   std::atomic<int64_t> bytes{0};
 };
+
+// Note [CPU time]: on a shared machine a step's wall-clock time includes every moment the OS gave
+// its cores to other processes, which varies 2-10x between runs minutes apart. The process's CPU
+// time counts only what its own threads ran, so it stays comparable across candidates timed at
+// different moments. With one thread it is the step time of an idle machine; with more it is
+// their sum (spin-waits included), a cost rather than a latency.
+double process_cpu_seconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
 
 // Puts a device's budget back when the measurement ends (normally or by an exception).
 struct LimitGuard {
@@ -144,6 +157,7 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
       FlopCounter flops;
       AllocatedBytes bytes(device, tech.offload_activations);
       times.start();
+      const double cpu0 = process_cpu_seconds();
       meter.begin_step();
       Batches b = make_batches(w, device);
       const Tensor& input = b.held.front().first;
@@ -162,7 +176,9 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
       }
       trainer.step(w.batch, loss);
       const int64_t peak = meter.end_step(), reserved = memory_stats(device).reserved.peak;
-      times.stop();
+      const double seconds = times.stop();
+      if (s > 0) out.timed_ms.push_back(1e3 * seconds);
+      if (s > 0) out.timed_cpu_ms.push_back(1e3 * (process_cpu_seconds() - cpu0));
       out.flops = flops.counts();
       out.allocated_bytes = bytes.bytes;
       if (steps == kUntilSteady && s >= 2 && peak == previous_peak && reserved == previous_reserved) break;
@@ -172,6 +188,37 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     out.ms_per_step = 1e3 * times.median();
   }
   return out;
+}
+
+double measure_update_ms(const PlanWorkload& w, Precision precision, const Device& device, bool cpu_time,
+                         int reps) {
+  MG_CHECK(reps >= 1, "measure_update_ms: needs 1+ repetitions, got ", reps);
+  empty_cache(device);
+  std::shared_ptr<Module> model = build(w, device);
+  apply_precision(*model, precision);
+  TrainOptions o;
+  o.optimizer = w.optimizer;
+  o.momentum = w.momentum;
+  std::unique_ptr<Optimizer> opt = make_optimizer(o, *model);
+  std::vector<Tensor> params;
+  {
+    MemoryCategoryGuard tag(MemoryCategory::gradient);
+    for (const auto& g : opt->param_groups())
+      for (const auto& [name, p] : g.params) {
+        p.set_grad(zeros(p.shape(), {.dtype = p.dtype(), .device = device}));
+        params.push_back(p);
+      }
+  }
+  StepTimes times;
+  for (int r = 0; r <= reps; ++r) {  // the first is warm-up (the optimizer's state is allocated)
+    times.start();
+    const double cpu0 = process_cpu_seconds();
+    if (w.grad_clip > 0) clip_grad_norm(params, w.grad_clip);
+    opt->step();
+    if (cpu_time) times.add(process_cpu_seconds() - cpu0);
+    else times.stop();
+  }
+  return 1e3 * times.median();
 }
 
 }  // namespace mg

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "apps/step_meters.h"
 #include "apps/technique_options.h"
@@ -47,6 +48,10 @@ struct StepMeasurement {
   FlopCounts flops{};
   int64_t allocated_bytes = 0;
   double ms_per_step = 0.0;  // meaningless on meta (no arithmetic)
+  std::vector<double> timed_ms{};  // each step's wall-clock ms after the first (warm-up) one
+  // The same steps' CPU time of the whole process (all its threads): unlike wall-clock time, not
+  // inflated while other processes hold the cores (Note [CPU time] in plan_step.cpp).
+  std::vector<double> timed_cpu_ms{};
 };
 
 // measure_step's `steps` for "until the peak is steady" (Note [Steady state] in plan_step.cpp).
@@ -61,5 +66,12 @@ inline constexpr int kMaxSteadySteps = 8;
 StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device,
                              int steps = kUntilSteady,
                              int64_t memory_limit = 0);
+
+// The update alone of `w` under `precision` on `device`: the median ms of `reps` (after a warm-up)
+// optimizer steps with gradient clipping as the Trainer does them, over gradients of zeros (the
+// optimizer's work does not depend on the values). What a step costs beyond its micro-steps.
+// cpu_time: the process's CPU time instead of wall-clock time.
+double measure_update_ms(const PlanWorkload& w, Precision precision, const Device& device, bool cpu_time,
+                         int reps = 5);
 
 }  // namespace mg

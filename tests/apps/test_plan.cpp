@@ -78,6 +78,69 @@ TEST_CASE("plan: every row's meta peak equals the step run on cpu:0, and fits ag
   CHECK(some.table().find("recommended (*): ") != std::string::npos);
 }
 
+TEST_CASE("plan --calibrate steps: the estimates and the ranking come from the measured pieces", "[plan][apps]") {
+  use_test_cache();
+  PlanOptions o;
+  o.workload = tiny_gpt();
+  o.techniques = "none,bf16,accum2";
+  o.calibrate = "steps";
+  // Pieces that rank the rows unlike FLOPs do (accumulation cheapest): the plan must follow them,
+  // n micro-steps x micro-step + update, and time nothing itself.
+  const Combination none = parse_combination("none", 4, kCPU), bf16 = parse_combination("bf16", 4, kCPU),
+                    accum2 = parse_combination("accum2", 4, kCPU);
+  StepPieces pieces;
+  pieces.micro_ms[StepPieces::micro_key(*o.workload, none.techniques)] = 10.0;
+  pieces.micro_ms[StepPieces::micro_key(*o.workload, bf16.techniques)] = 50.0;
+  pieces.micro_ms[StepPieces::micro_key(*o.workload, accum2.techniques)] = 3.0;
+  pieces.update_ms[StepPieces::update_key(*o.workload, Precision::fp32)] = 1.0;
+  pieces.update_ms[StepPieces::update_key(*o.workload, Precision::bf16)] = 2.0;
+  o.pieces = pieces;
+  const Plan p = make_plan(o);
+  REQUIRE(p.rows.size() == 3);
+  CHECK(p.rows[0].estimated_ms == 11.0);
+  CHECK(p.rows[1].estimated_ms == 52.0);
+  CHECK(p.rows[2].estimated_ms == 2 * 3.0 + 1.0);
+  for (const PlanRow& r : p.rows) CHECK(r.from_steps);
+  CHECK(p.recommended == 2);
+  REQUIRE(p.pieces.has_value());
+  CHECK(p.pieces->timed_now == 0);
+  CHECK(p.to_json()[2]["ms_per_step_from"] == "steps");
+  CHECK(p.table().find("(est from: steps)") != std::string::npos);
+  // A budget between accum2's peak and the plain step's: the row that fits keeps its pieces, the
+  // one that does not (it cannot be recommended) keeps the FLOP estimate.
+  REQUIRE(p.rows[2].memory.peak < p.rows[0].memory.peak);
+  o.memory_limit = std::to_string((p.rows[2].memory.peak + p.rows[0].memory.peak) / 2);
+  o.techniques = "none,accum2";
+  const Plan q = make_plan(o);
+  CHECK_FALSE(q.rows[0].fits);
+  CHECK_FALSE(q.rows[0].from_steps);
+  CHECK(q.rows[1].from_steps);
+  CHECK(q.recommended == 1);
+  o.calibrate = "guess";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("--calibrate must be flops or steps"));
+}
+
+TEST_CASE("plan --calibrate steps: missing pieces are timed, one per shape of work and precision", "[plan][apps]") {
+  const PlanWorkload w = tiny_gpt();
+  const std::vector<TechniqueOptions> candidates{parse_combination("none", 4, kCPU).techniques,
+                                                 parse_combination("accum2", 4, kCPU).techniques,
+                                                 parse_combination("ckpt+accum2", 4, kCPU).techniques};
+  StepPieces pieces;
+  pieces.cpu_time = true;
+  measure_step_pieces(w, candidates, kCPU, 1, pieces);
+  CHECK(pieces.timed_now == 4);  // the fp32 update and three micro-step shapes
+  CHECK(pieces.micro_ms.size() == 3);
+  CHECK(pieces.update_ms.size() == 1);
+  for (const auto& t : candidates) {
+    const double micro = pieces.micro_ms.at(StepPieces::micro_key(w, t));
+    const double update = pieces.update_ms.at(StepPieces::update_key(w, Precision::fp32));
+    CHECK(micro > 0);
+    CHECK(pieces.estimate_ms(w, t).value() == (t.micro_batch == 2 ? 2.0 : 1.0) * micro + update);
+  }
+  measure_step_pieces(w, candidates, kCPU, 1, pieces);  // nothing left to time
+  CHECK(pieces.timed_now == 4);
+}
+
 TEST_CASE("plan: a budget below the parameters alone names the minimum and what lowers it", "[plan][apps]") {
   use_test_cache();
   PlanOptions o;
