@@ -1,6 +1,7 @@
 # PyTorch's side of bench/compare_pytorch: the same fp32 training step as bench/compare_step.cpp
-# (forward, backward, AdamW lr 3e-4 wd 0.01, dropout 0, random data) of gpt-mini, gpt-small or
-# mobilenetv2-32, written here in plain torch (no torchvision), printing one JSON line. --mode time:
+# (forward, backward, AdamW lr 3e-4 wd 0.01, dropout 0, random data) of gpt-mini, gpt-small,
+# gpt2-124m (batch 1 x 1024) or mobilenetv2-32, written here in plain torch (no torchvision),
+# printing one JSON line. --mode time:
 # the median ms per step (default allocator); --mode memory: the resident-memory growth over one
 # step after warm-up (the driver sets MALLOC_MMAP_THRESHOLD_=131072 for this pass, before torch loads).
 # Usage: PYTHON compare_pytorch_torch.py MODEL [--mode time|memory] [--steps N] [--warmup N] [--threads N]
@@ -13,7 +14,7 @@ import sys
 import time
 
 ap = argparse.ArgumentParser()
-ap.add_argument("model", choices=["gpt-mini", "gpt-small", "mobilenetv2-32"])
+ap.add_argument("model", choices=["gpt-mini", "gpt-small", "gpt2-124m", "mobilenetv2-32"])
 ap.add_argument("--mode", choices=["time", "memory"], default="time")
 ap.add_argument("--steps", type=int, default=10)
 ap.add_argument("--warmup", type=int, default=3)
@@ -121,10 +122,12 @@ class MobileNetV2(nn.Module):
 
 
 if args.model.startswith("gpt"):
-    V, T, L, H, C = (256, 128, 4, 4, 256) if args.model == "gpt-mini" else (256, 256, 8, 8, 512)
+    V, T, L, H, C = {"gpt-mini": (256, 128, 4, 4, 256), "gpt-small": (256, 256, 8, 8, 512),
+                     "gpt2-124m": (50257, 1024, 12, 12, 768)}[args.model]
+    B = 1 if args.model == "gpt2-124m" else 8
     model = GPT(V, T, L, H, C)
-    x = torch.randint(0, V, (8, T))
-    y = torch.randint(0, V, (8, T))
+    x = torch.randint(0, V, (B, T))
+    y = torch.randint(0, V, (B, T))
 else:
     model = MobileNetV2(10)
     x = torch.randn(64, 3, 32, 32)

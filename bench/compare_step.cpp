@@ -2,7 +2,9 @@
 // 3e-4 wd 0.01, dropout 0) of a named model on random data, repeated, printing one JSON line:
 // the median ms per step, and the allocator's peak allocated bytes over one step after warm-up
 // (absolute, and the growth above what was live when the step began).
-// Usage: compare_step <gpt-mini|gpt-small|mobilenetv2-32> [--steps N] [--warmup N] [--threads N]
+// Batches: 8 sequences for gpt-mini and gpt-small, 1 x 1024 tokens for gpt2-124m (one sequence of
+// GPT-2 small, an optional workload of bench/compare_pytorch), 64 images for mobilenetv2-32.
+// Usage: compare_step <gpt-mini|gpt-small|gpt2-124m|mobilenetv2-32> [--steps N] [--warmup N] [--threads N]
 //        [--profile-ops]   (then also a per-op self-time table of the timed steps on stderr)
 #include <algorithm>
 #include <chrono>
@@ -54,7 +56,7 @@ Tensor index_tensor(const Shape& s, int64_t high, uint64_t seed) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: %s <gpt-mini|gpt-small|mobilenetv2-32> [--steps N] [--warmup N] [--threads N] "
+                 "usage: %s <gpt-mini|gpt-small|gpt2-124m|mobilenetv2-32> [--steps N] [--warmup N] [--threads N] "
                  "[--profile-ops]\n",
                  argv[0]);
     return 2;
@@ -97,7 +99,7 @@ int main(int argc, char** argv) {
   if (model.rfind("gpt", 0) == 0) {
     GPTConfig cfg = GPTConfig::named(model);
     cfg.dropout = 0.0;
-    const int64_t B = 8, T = cfg.context;
+    const int64_t B = model == "gpt2-124m" ? 1 : 8, T = cfg.context;
     gpt = std::make_shared<GPT>(cfg);
     x = index_tensor({B, T}, cfg.vocab_size, 1);
     y = index_tensor({B, T}, cfg.vocab_size, 2);

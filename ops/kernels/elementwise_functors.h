@@ -62,10 +62,22 @@ struct Relu6 {
 // GPT-2's formula as written (as PyTorch computes it). x / (1 + e^{-2u}) is the same function
 // with no cancellation for x < -3, but it moves bf16 results in that tail by a bf16 ulp often
 // enough to change a bf16-pure training trajectory (tests/models/test_mixed_precision.cpp).
+// GELU-tanh's t = tanh(sqrt(2/pi) (x + 0.044715 x^3)), which its forward and backward share (one
+// expression, so gelu_linear's backward can compute t once for both: ops/gelu_linear.cpp).
+template <class T> MG_HOST_DEVICE T gelu_tanh_t(T x) {
+  const T k = T(0.7978845608028654);  // sqrt(2/pi)
+  return fn::tanh(k * (x + T(0.044715) * x * x * x));
+}
+template <class T> MG_HOST_DEVICE T gelu_tanh_from_t(T x, T t) { return T(0.5) * x * (T(1) + t); }
+// dx = g gelu'(x) given t = gelu_tanh_t(x).
+template <class T> MG_HOST_DEVICE T gelu_tanh_grad_from_t(T g, T x, T t) {
+  const T k = T(0.7978845608028654);
+  T dt = k * (T(1) + T(3) * T(0.044715) * x * x) * (T(1) - t * t);
+  return g * (T(0.5) * (T(1) + t) + T(0.5) * x * dt);
+}
 struct GeluTanh {
   template <class T> MG_HOST_DEVICE T operator()(T x) const {
-    const T k = T(0.7978845608028654);  // sqrt(2/pi)
-    return T(0.5) * x * (T(1) + fn::tanh(k * (x + T(0.044715) * x * x * x)));
+    return gelu_tanh_from_t(x, gelu_tanh_t(x));
   }
 };
 struct Silu { template <class T> MG_HOST_DEVICE T operator()(T x) const { return x / (T(1) + fn::exp(-x)); } };
@@ -86,11 +98,7 @@ struct Relu6Backward {
 };
 struct GeluTanhBackward {
   template <class T> MG_HOST_DEVICE T operator()(T g, T x) const {
-    const T k = T(0.7978845608028654);
-    T x3 = x * x * x;
-    T t = fn::tanh(k * (x + T(0.044715) * x3));
-    T dt = k * (T(1) + T(3) * T(0.044715) * x * x) * (T(1) - t * t);
-    return g * (T(0.5) * (T(1) + t) + T(0.5) * x * dt);
+    return gelu_tanh_grad_from_t(g, x, gelu_tanh_t(x));
   }
 };
 struct SiluBackward {
