@@ -22,6 +22,7 @@
 // pair's bit for bit, and so are the gradients.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "autograd/grad_mode.h"
 #include "core/parallel.h"
@@ -75,14 +76,67 @@ void for_channels(const ChannelLayout& l, F f) {
 
 // Note [Batch norm sums]: a channel is walked plane by plane (n = 0, 1, ...) in blocks of
 // kBlock values; 16-bit blocks are converted to f32 on the stack first (detail::load_block of
-// ops/cpu_loops.h, as the element-wise loops do). Within
-// a block kLanes<S> partial sums run in the compute type (an AVX-512 register's worth of f32, so
-// the loop vectorises) and are added into an f64 total in a fixed order: at most kBlock / 16
-// additions per partial sum in f32, and the bits do not depend on the thread count. f64, the
-// reference dtype of the PyTorch and gradcheck tests, keeps one running sum in plain order.
+// ops/cpu_loops.h, as the element-wise loops do). f32 sums run in 16 lanes (value i of a block
+// goes to lane i % 16; a block's tail fills the first lanes): within a block each lane sums in
+// f32 (at most kBlock / 16 additions), then every lane is added into its own f64 running sum, and
+// the channel's total adds the 16 f64 lanes in lane order. The lanes are GCC vector extensions of
+// 16 floats (one AVX-512 register, two AVX2 registers, or scalar code), so the bits are the same
+// on every ISA and thread count. f64, the reference dtype of the PyTorch and gradcheck tests,
+// keeps one running sum in plain order.
 constexpr int64_t kBlock = detail::kBlock;  // 256, the element-wise loops' block (ops/cpu_loops.h)
+
+typedef float F16 __attribute__((vector_size(64)));  // 16 f32 lanes
+typedef float F8 __attribute__((vector_size(32)));
+typedef double D8 __attribute__((vector_size(64)));  // 8 f64 lanes
+constexpr int64_t kLanes = 16;
+
+inline F16 load16(const float* p) {
+  F16 v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+// The first n < 16 values at p, zeros in the other lanes.
+inline F16 load_tail(const float* p, int64_t n) {
+  F16 v{};
+  std::memcpy(&v, p, size_t(n) * sizeof(float));
+  return v;
+}
+inline void store16(float* p, F16 v) { std::memcpy(p, &v, sizeof(v)); }
+inline void store_tail(float* p, int64_t n, F16 v) {
+  std::memcpy(p, &v, size_t(n) * sizeof(float));
+}
+inline F16 splat(float v) { return F16{} + v; }
+
+// Two running sums (e.g. of x and of its centred squares) of one channel: per lane in f64 for f32
+// data, one plain sum for f64 data.
 template <class S>
-constexpr int64_t kLanes = std::is_same_v<S, double> ? 1 : 16;
+struct PairSums {
+  double a = 0, b = 0;
+  double first() const { return a; }
+  double second() const { return b; }
+};
+template <>
+struct PairSums<float> {
+  D8 a_lo{}, a_hi{}, b_lo{}, b_hi{};  // lanes 0-7 and 8-15
+  void add(F16 a, F16 b) {
+    a_lo += half(a, 0), a_hi += half(a, 1), b_lo += half(b, 0), b_hi += half(b, 1);
+  }
+  double first() const { return total(a_lo, a_hi); }
+  double second() const { return total(b_lo, b_hi); }
+
+ private:
+  static D8 half(F16 v, int h) {
+    F8 f;
+    std::memcpy(&f, reinterpret_cast<const float*>(&v) + 8 * h, sizeof(f));
+    return __builtin_convertvector(f, D8);
+  }
+  static double total(D8 lo, D8 hi) {
+    double t = 0;
+    for (int j = 0; j < 8; ++j) t += lo[j];
+    for (int j = 0; j < 8; ++j) t += hi[j];
+    return t;
+  }
+};
 
 // Calls f(offset, n) for the blocks of channel c's values: offsets into an (N, C, S) tensor.
 template <class F>
@@ -91,72 +145,64 @@ void for_channel_blocks(const ChannelLayout& l, int64_t c, F f) {
     for (int64_t s = 0; s < l.S; s += kBlock) f((n * l.C + c) * l.S + s, std::min(kBlock, l.S - s));
 }
 
-// sum of v[i] and of (v[i] - shift)^2 over [0, n), kLanes partial sums each.
-template <class S>
-void block_sums(const S* v, int64_t n, S shift, double& sum, double& sq) {
-  S a[kLanes<S>] = {}, q[kLanes<S>] = {};
-  int64_t i = 0;
-  for (; i + kLanes<S> <= n; i += kLanes<S>)
-    for (int64_t j = 0; j < kLanes<S>; ++j) {
-      const S d = v[i + j] - shift;
-      a[j] += v[i + j];
-      q[j] += d * d;
-    }
-  for (; i < n; ++i) {
-    const S d = v[i] - shift;
-    a[0] += v[i];
-    q[0] += d * d;
+// Adds the sum of v[i] and of (v[i] - shift)^2 over [0, n) to acc.
+inline void block_sums(const double* v, int64_t n, double shift, PairSums<double>& acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    const double d = v[i] - shift;
+    acc.a += v[i];
+    acc.b += d * d;
   }
-  for (int64_t j = 0; j < kLanes<S>; ++j) sum += double(a[j]), sq += double(q[j]);
+}
+inline void block_sums(const float* v, int64_t n, float shift, PairSums<float>& acc) {
+  F16 a{}, q{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const F16 x = load16(v + i), d = x - shift;
+    a += x;
+    q += d * d;
+  }
+  if (i < n) {
+    F16 d{};  // zero in the lanes past the tail
+    for (int64_t j = 0; j < n - i; ++j) d[j] = v[i + j] - shift;
+    a += load_tail(v + i, n - i);
+    q += d * d;
+  }
+  acc.add(a, q);
 }
 
-// sum of g[i] and of g[i] * (x[i] - shift) over [0, n), kLanes partial sums each.
-template <class S>
-void block_grad_sums(const S* g, const S* x, int64_t n, S shift, double& sg, double& sgx) {
-  S a[kLanes<S>] = {}, b[kLanes<S>] = {};
-  int64_t i = 0;
-  for (; i + kLanes<S> <= n; i += kLanes<S>)
-    for (int64_t j = 0; j < kLanes<S>; ++j) {
-      a[j] += g[i + j];
-      b[j] += g[i + j] * (x[i + j] - shift);
-    }
-  for (; i < n; ++i) {
-    a[0] += g[i];
-    b[0] += g[i] * (x[i] - shift);
+// Adds the sum of g[i] and of g[i] * (x[i] - shift) over [0, n) to acc.
+inline void block_grad_sums(const double* g, const double* x, int64_t n, double shift,
+                            PairSums<double>& acc) {
+  for (int64_t i = 0; i < n; ++i) {
+    acc.a += g[i];
+    acc.b += g[i] * (x[i] - shift);
   }
-  for (int64_t j = 0; j < kLanes<S>; ++j) sg += double(a[j]), sgx += double(b[j]);
 }
-
-// Batch statistics: mean (C) and biased var (C), x contiguous. Two passes: the mean, then the
-// squares centred on it (var = E[(x - m')^2] - (m - m')^2 with m' the mean rounded to S).
-template <class T>
-void channel_stats(double* mean, double* var, const Tensor& x, const ChannelLayout& l) {
-  using S = stat_t<T>;
-  const T* px = x.data<T>();
-  for_channels(l, [&](int64_t c) {
-    S buf[kBlock];
-    double s = 0, unused = 0;
-    for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
-      block_sums(detail::load_block(px + o, 1, n, buf), n, S(0), s, unused);
-    });
-    const double m = s / double(l.count());
-    const S ms = S(m);
-    double s2 = 0, q = 0;
-    for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
-      block_sums(detail::load_block(px + o, 1, n, buf), n, ms, s2, q);
-    });
-    const double off = m - double(ms);
-    mean[c] = m, var[c] = std::max(0.0, q / double(l.count()) - off * off);
-  });
+inline void block_grad_sums(const float* g, const float* x, int64_t n, float shift,
+                            PairSums<float>& acc) {
+  F16 a{}, b{};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    const F16 gv = load16(g + i);
+    a += gv;
+    b += gv * (load16(x + i) - shift);
+  }
+  if (i < n) {  // g is zero past the tail, so those lanes add zeros
+    const F16 gv = load_tail(g + i, n - i);
+    a += gv;
+    b += gv * (load_tail(x + i, n - i) - shift);
+  }
+  acc.add(a, b);
 }
 
 // Channel c's affine map: y = x * scale + shift, scale = rstd * w, shift = b - mean * scale.
-// The forward and batch_norm_relu6's backward both evaluate it through here, so the backward's
-// recomputed outputs have the forward's bits.
+// The forward and batch_norm_relu6's backward both evaluate it through here (f32: on 16 lanes,
+// map16), so the backward's recomputed outputs have the forward's bits.
 template <class S>
 struct ChannelAffine {
   S scale, shift;
   S operator()(S x) const { return x * scale + shift; }
+  F16 map16(F16 x) const { return x * scale + shift; }
 };
 
 // The affine parameters as read by the kernels: w and b (C) of dtype P, either may be absent.
@@ -176,8 +222,44 @@ struct AffineParams {
   }
 };
 
+// o[i] = f(i-th 16 lanes) for [0, n) of f32 data: full vectors, then the tail's lanes.
+template <class F>
+void map_lanes(float* o, int64_t n, F f) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store16(o + i, f(i, kLanes));
+  if (i < n) store_tail(o + i, n - i, f(i, n - i));
+}
+// The m values at p + i as 16 lanes (zeros past m).
+inline F16 lanes_at(const float* p, int64_t i, int64_t m) {
+  return m == kLanes ? load16(p + i) : load_tail(p + i, m);
+}
+
+// relu6 on 16 lanes, as fn::Relu6 (NaN passes through).
+inline F16 relu6_16(F16 z) {
+  const F16 zero{}, six = splat(6.0f);
+  return z < zero ? zero : (z > six ? six : z);
+}
+
+// One block of y = affine(xv) (clamped to [0, 6] with Relu6), stored as T.
+template <class T, bool Relu6, class S>
+void normalize_block(const S* xv, int64_t n, const ChannelAffine<S>& affine, T* y) {
+  if constexpr (std::is_same_v<T, float>) {
+    map_lanes(y, n, [&](int64_t i, int64_t m) {
+      const F16 z = affine.map16(lanes_at(xv, i, m));
+      if constexpr (Relu6) return relu6_16(z);
+      else return z;
+    });
+  } else {
+    detail::store_block(y, n, [&](int64_t i) {
+      // relu6 of the rounded output equals the rounded relu6: 0 and 6 are exact in every dtype.
+      if constexpr (Relu6) return fn::Relu6{}(affine(xv[i]));
+      else return affine(xv[i]);
+    });
+  }
+}
+
 // y = x * scale + shift per channel (then clamped to [0, 6] with Relu6), parallel over the
-// N * C planes of S values. T: x and y; P: w and b (T, or f32 for a 16-bit T).
+// N * C planes of S values: eval's forward. T: x and y; P: w and b (T, or f32 for a 16-bit T).
 template <class T, class P, bool Relu6>
 void normalize_kernel(const Tensor& y, const Tensor& x, const Tensor& mean, const Tensor& rstd, const Tensor& w,
                       const Tensor& b, const ChannelLayout& l) {
@@ -194,13 +276,45 @@ void normalize_kernel(const Tensor& y, const Tensor& x, const Tensor& mean, cons
       for (int64_t s = 0; s < l.S; s += kBlock) {
         const int64_t n = std::min(kBlock, l.S - s);
         const S* xv = detail::load_block(px + plane * l.S + s, 1, n, xbuf);
-        detail::store_block(py + plane * l.S + s, n, [&](int64_t i) {
-          // relu6 of the rounded output equals the rounded relu6: 0 and 6 are exact in every dtype.
-          if constexpr (Relu6) return fn::Relu6{}(affine(xv[i]));
-          else return affine(xv[i]);
-        });
+        normalize_block<T, Relu6>(xv, n, affine, py + plane * l.S + s);
       }
     }
+  });
+}
+
+// Training forward, one channel at a time: the batch statistics mean and biased var (C, f64) in
+// two passes (the mean, then the squares centred on it: var = E[(x - m')^2] - (m - m')^2 with m'
+// the mean rounded to S), then mean / rstd (C, S) and y = x * scale + shift (clamped to [0, 6]
+// with Relu6) over the same channel while its values are still in cache: x is read from memory
+// once, not twice.
+template <class T, class P, bool Relu6>
+void train_normalize_kernel(double* bm, double* bv, const Tensor& y, const Tensor& x,
+                            const Tensor& mean, const Tensor& rstd, const Tensor& w,
+                            const Tensor& b, const ChannelLayout& l, double eps) {
+  using S = stat_t<T>;
+  const T* px = x.data<T>();
+  T* py = y.data<T>();
+  S *pm = mean.data<S>(), *pr = rstd.data<S>();
+  const AffineParams<P> params(w, b);
+  for_channels(l, [&](int64_t c) {
+    S buf[kBlock];
+    PairSums<S> sums;
+    for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
+      block_sums(detail::load_block(px + o, 1, n, buf), n, S(0), sums);
+    });
+    const double m = sums.first() / double(l.count());
+    const S ms = S(m);
+    PairSums<S> centred;
+    for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
+      block_sums(detail::load_block(px + o, 1, n, buf), n, ms, centred);
+    });
+    const double off = m - double(ms);
+    bm[c] = m, bv[c] = std::max(0.0, centred.second() / double(l.count()) - off * off);
+    pm[c] = S(bm[c]), pr[c] = S(1.0 / std::sqrt(bv[c] + eps));
+    const ChannelAffine<S> affine = params.channel(c, pm[c], pr[c]);
+    for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
+      normalize_block<T, Relu6>(detail::load_block(px + o, 1, n, buf), n, affine, py + o);
+    });
   });
 }
 
@@ -208,9 +322,16 @@ void normalize_kernel(const Tensor& y, const Tensor& x, const Tensor& mean, cons
 // for one block of channel c: z is recomputed as the forward stored it (rounded to T), then masked.
 template <class T, class S>
 const S* relu6_masked_block(const S* g, const S* xv, int64_t n, const ChannelAffine<S>& affine, S* out) {
-  for (int64_t i = 0; i < n; ++i) {
-    const S z = S(compute_t<T>(T(affine(xv[i]))));
-    out[i] = fn::Relu6Backward{}(g[i], z);
+  if constexpr (std::is_same_v<T, float>) {
+    map_lanes(out, n, [&](int64_t i, int64_t m) {
+      const F16 z = affine.map16(lanes_at(xv, i, m)), zero{};
+      return (z > zero) & (z < splat(6.0f)) ? lanes_at(g, i, m) : zero;
+    });
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const S z = S(compute_t<T>(T(affine(xv[i]))));
+      out[i] = fn::Relu6Backward{}(g[i], z);
+    }
   }
   return out;
 }
@@ -242,12 +363,12 @@ void batch_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
       if constexpr (Relu6) return relu6_masked_block<T>(g, xv, n, affine, mbuf);
       else return g;
     };
-    double sdy = 0, sdyc = 0;  // sum dy, sum dy * (x - mean)
+    PairSums<S> sums;  // sum dy, sum dy * (x - mean)
     for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
       const S* xv = detail::load_block(px + o, 1, n, xbuf);
-      block_grad_sums(grad_block(o, n, xv), xv, n, m, sdy, sdyc);
+      block_grad_sums(grad_block(o, n, xv), xv, n, m, sums);
     });
-    const double sdyh = sdyc * double(r);  // sum dy * xhat
+    const double sdy = sums.first(), sdyh = sums.second() * double(r);  // sum dy, sum dy * xhat
     if (pdw) pdw[c] = P(S(sdyh));
     if (pdb) pdb[c] = P(S(sdy));
     if (!pdx) return;
@@ -260,7 +381,14 @@ void batch_norm_backward_kernel(const Tensor& dx, const Tensor& dw, const Tensor
     for_channel_blocks(l, c, [&](int64_t o, int64_t n) {
       const S* xv = detail::load_block(px + o, 1, n, xbuf);
       const S* g = grad_block(o, n, xv);
-      detail::store_block(pdx + o, n, [&](int64_t i) { return k * (g[i] - a - (xv[i] - m) * r * bh); });
+      if constexpr (std::is_same_v<T, float>) {
+        map_lanes(pdx + o, n, [&](int64_t i, int64_t mm) {
+          return k * (lanes_at(g, i, mm) - a - (lanes_at(xv, i, mm) - m) * r * bh);
+        });
+      } else {
+        detail::store_block(pdx + o, n,
+                            [&](int64_t i) { return k * (g[i] - a - (xv[i] - m) * r * bh); });
+      }
     });
   });
 }
@@ -426,19 +554,42 @@ Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor
       if (relu6) cuda::unary(cuda::UnaryOp::relu6, y, y);  // in place: element i reads and writes i
     } else {
       double *bm = stats.data<double>(), *bv = bm + l.C;
+      // Training: statistics and output in one pass over the channels; eval: the running
+      // statistics, then the output.
+      auto normalize = [&](auto kernel_of) {
+        MG_DISPATCH_FLOAT(x.dtype(), op, [&] {
+          using T = scalar_t;
+          dispatch_param<T>(param_dtype, [&](auto* p) { kernel_of(static_cast<T*>(nullptr), p); });
+        });
+      };
       if (training) {
-        MG_DISPATCH_FLOAT(x.dtype(), op, [&] { channel_stats<scalar_t>(bm, bv, xc, l); });
+        normalize([&](auto* t, auto* p) {
+          using T = std::remove_pointer_t<decltype(t)>;
+          using P = std::remove_pointer_t<decltype(p)>;
+          if (relu6)
+            train_normalize_kernel<T, P, true>(bm, bv, y, xc, mean, rstd, weight, bias, l, eps);
+          else
+            train_normalize_kernel<T, P, false>(bm, bv, y, xc, mean, rstd, weight, bias, l, eps);
+        });
       } else {
         Tensor s = stats.detach();
         copy_(select(s, 0, 0), running_mean.detach());
         copy_(select(s, 0, 1), running_var.detach());
+        auto store_stats = [&](auto* pm, auto* pr) {
+          using S = std::remove_pointer_t<decltype(pm)>;
+          for (int64_t c = 0; c < l.C; ++c)
+            pm[c] = S(bm[c]), pr[c] = S(1.0 / std::sqrt(bv[c] + eps));
+        };
+        if (sd == DType::f64) store_stats(mean.data<double>(), rstd.data<double>());
+        else store_stats(mean.data<float>(), rstd.data<float>());
+        if (x.numel() > 0)
+          normalize([&](auto* t, auto* p) {
+            using T = std::remove_pointer_t<decltype(t)>;
+            using P = std::remove_pointer_t<decltype(p)>;
+            if (relu6) normalize_kernel<T, P, true>(y, xc, mean, rstd, weight, bias, l);
+            else normalize_kernel<T, P, false>(y, xc, mean, rstd, weight, bias, l);
+          });
       }
-      auto store_stats = [&](auto* pm, auto* pr) {
-        using S = std::remove_pointer_t<decltype(pm)>;
-        for (int64_t c = 0; c < l.C; ++c) pm[c] = S(bm[c]), pr[c] = S(1.0 / std::sqrt(bv[c] + eps));
-      };
-      if (sd == DType::f64) store_stats(mean.data<double>(), rstd.data<double>());
-      else store_stats(mean.data<float>(), rstd.data<float>());
       if (update) {
         NoGradGuard no_grad;  // a buffer update, never part of the graph
         double unbias = double(l.count()) / double(l.count() - 1);
@@ -446,15 +597,6 @@ Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor
         update_running(running_mean, bm, momentum);
         update_running(running_var, bv, momentum);
       }
-      if (x.numel() > 0)
-        MG_DISPATCH_FLOAT(x.dtype(), op, [&] {
-          using T = scalar_t;
-          dispatch_param<T>(param_dtype, [&](auto* p) {
-            using P = std::remove_pointer_t<decltype(p)>;
-            if (relu6) normalize_kernel<T, P, true>(y, xc, mean, rstd, weight, bias, l);
-            else normalize_kernel<T, P, false>(y, xc, mean, rstd, weight, bias, l);
-          });
-        });
     }
   }
   if (update) {

@@ -6,7 +6,8 @@
 // in a fixed order, and dW sums the images n = 0, 1, ... in that order.
 // f16/bf16: groups of images are staged in f32 workspace (ops/f32_staging.h), computed, and
 // rounded on store. These plane kernels are the reference; f32 convolutions whose planes fit the
-// channel tiles run ops/conv2d_depthwise_lanes.cpp for the output and dx instead (same bits).
+// channel tiles run ops/conv2d_depthwise_lanes.cpp instead: the output and dx with the same bits,
+// dW (f32 and staged 16-bit) in that file's own fixed order.
 #include <algorithm>
 #include <type_traits>
 
@@ -33,24 +34,33 @@ void valid_range(int64_t in, int64_t out, int64_t k, int64_t s, int64_t pad, int
 
 DepthwiseKernel g_kernel = DepthwiseKernel::automatic;
 
-// The lane count of the channel-vectorised kernel for g (ops/conv2d_depthwise_lanes.cpp), or 0 for
-// the reference below.
-int lanes_for(const DwGeom& g) {
-  int lanes = 0;
+// The lane count the kernel choice asks for: 0 for the reference.
+int chosen_lanes() {
   switch (g_kernel) {
     case DepthwiseKernel::reference: return 0;
-    case DepthwiseKernel::scalar: lanes = 1; break;
-    case DepthwiseKernel::lanes8: lanes = 8; break;
-    case DepthwiseKernel::lanes16: lanes = 16; break;
-    case DepthwiseKernel::automatic:
-#ifdef __AVX512F__
-      lanes = 16;
-#else
-      lanes = 8;
-#endif
-      break;
+    case DepthwiseKernel::scalar: return 1;
+    case DepthwiseKernel::lanes8: return 8;
+    case DepthwiseKernel::lanes16: return 16;
+    case DepthwiseKernel::automatic: break;
   }
-  return depthwise_lanes(g, lanes) ? lanes : 0;
+#ifdef __AVX512F__
+  return 16;
+#else
+  return 8;
+#endif
+}
+
+// The lane count of the channel-vectorised kernel (ops/conv2d_depthwise_lanes.cpp) for g's output
+// and dx, or 0 for the reference below.
+int lanes_for(const DwGeom& g) {
+  const int lanes = chosen_lanes();
+  return lanes && depthwise_lanes(g, lanes) ? lanes : 0;
+}
+
+// The same for g's dW.
+int weight_lanes_for(const DwGeom& g) {
+  const int lanes = chosen_lanes();
+  return lanes && depthwise_lanes_weight(g, lanes) ? lanes : 0;
 }
 
 int64_t plane_grain(const DwGeom& g) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(1, g.kk() * g.ohw())); }
@@ -218,8 +228,14 @@ void backward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Te
     std::fill(dwp, dwp + dw.numel(), A(0));
   }
   const A* wp = need_dx ? images_in<T, A>(w, 0, 1, w.numel(), wbuf) : nullptr;
-  // dW += the contribution of `count` images: one task per channel, images in order.
+  // dW += the contribution of `count` images: one task per channel (block), images in order.
   auto weight_pass = [&](int64_t count, const A* dos, const A* xs) {
+    if constexpr (std::is_same_v<A, float>) {
+      if (const int lanes = weight_lanes_for(g)) {
+        depthwise_lanes_backward_weight(g, lanes, count, dos, xs, dwp);
+        return;
+      }
+    }
     const int64_t grain = std::max<int64_t>(1, plane_grain(g) / count);
     parallel_for(0, g.Cout, grain, [&](int64_t cb, int64_t ce) {
       for (int64_t c = cb; c < ce; ++c)
@@ -238,7 +254,7 @@ void backward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Te
     });
   };
   if constexpr (std::is_same_v<T, float>) {
-    if (const int lanes = lanes_for(g)) {  // dx on the channel lanes, dW here
+    if (const int lanes = lanes_for(g)) {  // dx on the channel lanes (dW picks its own kernel)
       if (need_dw) weight_pass(g.N, dout.data<T>(), x.data<T>());
       if (need_dx) depthwise_lanes_backward_input(g, lanes, g.N, dout.data<T>(), wp, dx.data<T>());
       return;

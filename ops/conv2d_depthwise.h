@@ -1,7 +1,8 @@
 // The direct depthwise convolution kernels behind conv2d (ops/conv2d_depthwise.cpp), and the
 // switch that picks which of its CPU kernels runs: the plane-by-plane reference, or the
 // channel-vectorised kernel at 16 lanes (AVX-512 zmm), 8 lanes (AVX2 ymm) or 1 lane (scalar).
-// Every choice gives the same bits (each lane repeats the reference's operations in its order);
+// Every lane width gives the same bits; the output and dx also have the reference's (each lane
+// repeats its operations in its order), dW its own order (within a bound of the reference's);
 // tests force each one.
 #pragma once
 #include <cstdint>
@@ -24,9 +25,11 @@ struct DwGeom {
 };
 
 // The channel-lane kernels (ops/conv2d_depthwise_lanes.cpp), on f32 data of `count` images:
-// `lanes` channels at a time in vector lanes, each lane doing the reference's operations in the
-// reference's order (the output and dx; dW stays with the reference). They take multiplier 1 and planes that fit their stack tiles; depthwise_lanes
-// says whether they take g at that width.
+// `lanes` channels at a time in vector lanes. The output and dx repeat the reference's operations
+// in the reference's order in each lane (its bits); dW sums in its own fixed order (the same bits
+// at every lane count). They take multiplier 1 and planes that fit their stack tiles;
+// depthwise_lanes (output, dx) and depthwise_lanes_weight (dW) say whether they take g at that
+// width.
 bool depthwise_lanes(const DwGeom& g, int lanes);
 // xs (count, Cin, H, W), w (Cout, KH*KW), bias (Cout) or null -> os (count, Cout, OH, OW).
 void depthwise_lanes_forward(const DwGeom& g, int lanes, int64_t count, const float* xs, const float* w,
@@ -34,6 +37,10 @@ void depthwise_lanes_forward(const DwGeom& g, int lanes, int64_t count, const fl
 // dos (count, Cout, OH, OW) -> dxs (count, Cin, H, W), the input gradient.
 void depthwise_lanes_backward_input(const DwGeom& g, int lanes, int64_t count, const float* dos, const float* w,
                                     float* dxs);
+bool depthwise_lanes_weight(const DwGeom& g, int lanes);
+// dw (Cout, KH*KW) += the weight gradient of dos (count, Cout, OH, OW) and xs (count, Cin, H, W).
+void depthwise_lanes_backward_weight(const DwGeom& g, int lanes, int64_t count, const float* dos,
+                                     const float* xs, float* dw);
 
 // x: (N, Cin, H, W), w: (Cin*M, 1, KH, KW), bias: (Cin*M) or undefined -> out (N, Cin*M, OH, OW).
 // They allocate their workspace on every device (meta included) and compute only on cpu.

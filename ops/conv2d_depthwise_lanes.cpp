@@ -1,15 +1,20 @@
 // Channel-vectorised depthwise convolution (multiplier 1): L channels of one image are moved
 // into a stack tile laid out (position, lane), so a vector of L lanes holds one pixel of L
-// channels, and every lane runs exactly the operation sequence of the plane-by-plane reference
-// (ops/conv2d_depthwise.cpp) on its own channel: the same fused multiply-adds in the same tap
-// order, for the output and for dx. So the result has the reference's bits at any lane count, while MobileNetV2's small planes (16x16, 8x8, 4x4, where the reference's row
-// loops are 4 to 16 long) run at full vector width. L = 16 is one AVX-512 register, L = 8 one
-// AVX2 register (GCC vector extensions; the compiler emits the build's ISA), L = 1 the scalar path.
-// Tiles: up to kTileFloats per tile, on the stack (16 KiB), so larger planes take the reference.
-// dW stays with the reference: GCC compiles its sums as a mix of fused and unfused multiply-adds
-// that depends on the loop versions it picks, so no other code reproduces its bits, and
-// MobileNetV2's loss after a few AdamW steps moves by ~1e-3 when dW's last bits do (sign-like
-// first updates of parameters whose gradient is ~0).
+// channels, and every lane runs one fixed operation sequence on its own channel, so the result has
+// the same bits at any lane count. L = 16 is one AVX-512 register, L = 8 one AVX2 register (GCC
+// vector extensions; the compiler emits the build's ISA), L = 1 the scalar path.
+// - Output and dx: each lane repeats the plane-by-plane reference (ops/conv2d_depthwise.cpp)
+//   exactly, the same fused multiply-adds in the same tap order, so they have the reference's
+//   bits, while MobileNetV2's small planes (16x16, 8x8, 4x4, where the reference's row loops are
+//   4 to 16 long) run at full vector width. Tiles: up to kTileFloats per tile, on the stack
+//   (16 KiB), so larger planes take the reference.
+// - dW: per image, each tap's sum over the output pixels in raster order (oh, then ow), one f32
+//   sum per lane starting from 0, added to dW after the previous images' sums. The reference sums
+//   each row in eight partial sums that GCC compiles as a mix of fused and unfused multiply-adds,
+//   so no other code reproduces its bits; this order is defined by the code and is the same at
+//   every lane count (tests compare it with the reference within a bound). The input and dout
+//   are tiled in strips of output rows (the input rows they read), so planes up to 85 columns wide
+//   fit (MobileNetV2-32's 32x32 planes among them): a strip continues the raster order.
 #include <algorithm>
 #include <cstring>
 
@@ -151,6 +156,75 @@ void backward_input_lanes(const DwGeom& g, int64_t count, const float* dos, cons
   });
 }
 
+template <int L>
+float lane_of(Vec<L> v, int64_t l) {
+  if constexpr (L == 1) return v;
+  else return v[l];
+}
+
+// Output rows per strip of the weight gradient's tiles: the strip's dout (rows, OW, L) and the
+// input rows it reads (rows', W, L) each fit a tile; 0 if not even one row does.
+int64_t weight_strip_rows(const DwGeom& g, int L) {
+  auto input_rows = [&](int64_t r) { return std::min(g.H, (r - 1) * g.stride + g.KH); };
+  if (g.OW * L > kTileFloats || input_rows(1) * g.W * L > kTileFloats) return 0;
+  int64_t r = std::min(g.OH, kTileFloats / (g.OW * L));
+  while (r > 1 && input_rows(r) * g.W * L > kTileFloats) --r;
+  return r;
+}
+
+// acc[tap] (L) += dt * xt at the tap's input for the output rows [oh0, oh1), in raster order;
+// dt holds those rows (OW, L each), xt the input rows from ih0 (W, L each).
+template <int L>
+void tile_backward_weight(const DwGeom& g, int64_t oh0, int64_t oh1, int64_t ih0, const float* dt,
+                          const float* xt, Vec<L>* acc) {
+  for (int64_t oh = oh0; oh < oh1; ++oh)
+    for (int64_t ow = 0; ow < g.OW; ++ow) {
+      const Vec<L> d = load<L>(dt + ((oh - oh0) * g.OW + ow) * L);
+      for (int64_t kh = 0; kh < g.KH; ++kh) {
+        const int64_t ih = oh * g.stride - g.pad + kh;
+        if (ih < 0 || ih >= g.H) continue;
+        for (int64_t kw = 0; kw < g.KW; ++kw) {
+          const int64_t iw = ow * g.stride - g.pad + kw;
+          if (iw < 0 || iw >= g.W) continue;
+          Vec<L>& a = acc[kh * g.KW + kw];
+          a = d * load<L>(xt + ((ih - ih0) * g.W + iw) * L) + a;
+        }
+      }
+    }
+}
+
+// dw (Cout, KK) += the weight gradient of `count` images: one task per channel block, images in
+// order.
+template <int L>
+void backward_weight_lanes(const DwGeom& g, int64_t count, const float* dos, const float* xs,
+                           float* dw) {
+  const int64_t blocks = blocks_of(g, L), rows = weight_strip_rows(g, L);
+  const int64_t work = std::max<int64_t>(1, count * g.kk() * g.ohw() * L);
+  const int64_t grain = std::max<int64_t>(1, 32768 / work);
+  parallel_for(0, blocks, grain, [&](int64_t bb, int64_t be) {
+    alignas(64) float xt[kTileFloats], dt[kTileFloats];
+    Vec<L> acc[kMaxTaps];
+    for (int64_t b = bb; b < be; ++b) {
+      const int64_t c0 = b * L, lanes = std::min<int64_t>(L, g.Cout - c0);
+      for (int64_t n = 0; n < count; ++n) {
+        for (int64_t t = 0; t < g.kk(); ++t) acc[t] = Vec<L>{};
+        for (int64_t oh0 = 0; oh0 < g.OH; oh0 += rows) {
+          const int64_t oh1 = std::min(g.OH, oh0 + rows);
+          const int64_t ih0 = std::max<int64_t>(0, oh0 * g.stride - g.pad);
+          const int64_t ih1 = std::min(g.H, (oh1 - 1) * g.stride - g.pad + g.KH);
+          const float* x = xs + (n * g.Cin + c0) * g.hw() + ih0 * g.W;
+          const float* d = dos + (n * g.Cout + c0) * g.ohw() + oh0 * g.OW;
+          if (ih1 > ih0) to_lanes<L>(x, g.hw(), lanes, (ih1 - ih0) * g.W, xt);
+          to_lanes<L>(d, g.ohw(), lanes, (oh1 - oh0) * g.OW, dt);
+          tile_backward_weight<L>(g, oh0, oh1, ih0, dt, xt, acc);
+        }
+        for (int64_t l = 0; l < lanes; ++l)
+          for (int64_t t = 0; t < g.kk(); ++t) dw[(c0 + l) * g.kk() + t] += lane_of<L>(acc[t], l);
+      }
+    }
+  });
+}
+
 }  // namespace
 
 bool depthwise_lanes(const DwGeom& g, int lanes) {
@@ -169,6 +243,17 @@ void depthwise_lanes_backward_input(const DwGeom& g, int lanes, int64_t count, c
   if (lanes == 16) backward_input_lanes<16>(g, count, dos, w, dxs);
   else if (lanes == 8) backward_input_lanes<8>(g, count, dos, w, dxs);
   else backward_input_lanes<1>(g, count, dos, w, dxs);
+}
+
+bool depthwise_lanes_weight(const DwGeom& g, int lanes) {
+  return g.mult == 1 && g.kk() <= kMaxTaps && weight_strip_rows(g, lanes) > 0;
+}
+
+void depthwise_lanes_backward_weight(const DwGeom& g, int lanes, int64_t count, const float* dos,
+                                     const float* xs, float* dw) {
+  if (lanes == 16) backward_weight_lanes<16>(g, count, dos, xs, dw);
+  else if (lanes == 8) backward_weight_lanes<8>(g, count, dos, xs, dw);
+  else backward_weight_lanes<1>(g, count, dos, xs, dw);
 }
 
 }  // namespace mg::detail

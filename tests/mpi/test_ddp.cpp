@@ -39,6 +39,7 @@ struct Task {
   std::function<Tensor(Module&, int64_t step, int64_t row, int64_t count)> loss;  // rows of the global batch
   double lr = 1e-2;
   bool adamw = true;  // else SGD with momentum 0.9
+  double loss_rtol = 1e-6;  // losses of DDP and of the reference, relative
 };
 
 Task gpt_task(int64_t B) {
@@ -74,6 +75,12 @@ Task mobilenet_task(int64_t B) {
   // batch norm over 2 examples is chaotic, at lr 0.05 rounding differences grow 100x per step.
   t.lr = 0.005;
   t.adamw = false;
+  // Steps 0 and 1 agree within 1e-6; the third step's loss with micro-batches of 2 within 2.4e-5
+  // (measured) since batch norm's sums and the depthwise dW run in a vectorised order (ops/
+  // batch_norm.cpp, ops/conv2d_depthwise_lanes.cpp): DDP's all-reduce and the reference's
+  // accumulation round differently, and batch norm over 2 examples amplifies that per step (with
+  // the previous kernels' order this case happened to stay under 1e-6).
+  t.loss_rtol = 1e-4;
   return t;
 }
 
@@ -110,14 +117,15 @@ Run train(const Task& task, int64_t B, int64_t micro, bool data_parallel, int ze
   return r;
 }
 
-// The losses within 1e-6 relative; the weights and buffers bit-equal on every rank (in step).
+// The losses within the task's bound (1e-6 relative, or its stated one); the weights and buffers
+// bit-equal on every rank (in step).
 // The weights are not compared with the reference: Adam divides by the gradient's magnitude, so
 // entries whose true gradient is zero (the attention key bias) move by rounding noise alone.
-void check_equal(const Run& got, const Run& want) {
+void check_equal(const Run& got, const Run& want, double loss_rtol) {
   REQUIRE(got.losses.size() == want.losses.size());
   for (size_t i = 0; i < want.losses.size(); ++i) {
     INFO("step " << i << ": " << got.losses[i] << " vs " << want.losses[i]);
-    CHECK(std::abs(got.losses[i] - want.losses[i]) <= 1e-6 * std::abs(want.losses[i]));
+    CHECK(std::abs(got.losses[i] - want.losses[i]) <= loss_rtol * std::abs(want.losses[i]));
   }
   auto g = world();
   Tensor mine = from_vector(got.weights, {int64_t(got.weights.size())}, {.dtype = DType::f64});
@@ -136,7 +144,7 @@ TEST_CASE("ddp: GPT losses and weights equal one process on the global batch (DD
     const Run want = train(task, B, micro, false);
     for (int zero : {0, 1, 2}) {
       INFO("micro-batch " << micro << ", zero " << zero);
-      check_equal(train(task, B, micro, true, zero, 4096), want);  // 4 KiB buckets: several of them
+      check_equal(train(task, B, micro, true, zero, 4096), want, task.loss_rtol);  // 4 KiB buckets
     }
   }
 }
@@ -150,7 +158,7 @@ TEST_CASE("ddp: MobileNetV2 losses and weights equal one process with batch norm
     const Run want = train(task, B, micro == 0 ? 4 : micro, false);
     for (int zero : {0, 1, 2}) {
       INFO("micro-batch " << micro << ", zero " << zero);
-      check_equal(train(task, B, micro, true, zero, int64_t(25) << 20), want);
+      check_equal(train(task, B, micro, true, zero, int64_t(25) << 20), want, task.loss_rtol);
     }
   }
 }
