@@ -13,8 +13,8 @@ namespace {
 
 RunPlan plan_of(const Plan& p, const PlanRow& row) {
   RunPlan r{.combination = row.combination.name, .techniques = row.combination.techniques,
-            .peak_bytes = row.memory.peak, .ms_per_step = row.estimated_ms, .budget = p.budget,
-            .candidates = int64_t(p.rows.size()), .fitting = 0};
+            .peak_bytes = row.memory.peak, .ms_per_step = row.estimated_ms, .from_steps = row.from_steps,
+            .budget = p.budget, .candidates = int64_t(p.rows.size()), .fitting = 0};
   for (const PlanRow& x : p.rows) r.fitting += x.fits;
   return r;
 }
@@ -24,14 +24,17 @@ RunPlan plan_of(const Plan& p, const PlanRow& row) {
 std::string RunPlan::str() const {
   char line[256];
   std::snprintf(line, sizeof line,
-                "%s: predicted peak %s of %s, %.1f ms/step (the fastest estimate of the %lld of %lld candidates that fit)",
+                "%s: predicted peak %s of %s, %.1f ms/step %s(the fastest estimate of the %lld of %lld candidates that "
+                "fit)",
                 combination.c_str(), format_bytes(peak_bytes).c_str(), format_bytes(budget).c_str(), ms_per_step,
+                from_steps ? "from timed micro-steps " : "",
                 (long long)fitting, (long long)candidates);
   return line;
 }
 
 nlohmann::json RunPlan::to_json() const {
   return {{"combination", combination}, {"predicted_peak_bytes", peak_bytes}, {"predicted_ms_per_step", ms_per_step},
+          {"predicted_ms_from", from_steps ? "steps" : "flops"},
           {"budget_bytes", budget},     {"candidates", candidates},         {"fitting", fitting},
           {"summary", str()}};
 }
@@ -71,6 +74,9 @@ RunPlan plan_run(const std::string& cmd, const TrainOptions& o, const PlanWorklo
   po.memory_limit = std::to_string(budget);
   po.techniques = o.plan == "auto" ? std::string() : o.plan;
   po.optimizer = optimizer_kind_name(o.optimizer);
+  MG_CHECK(o.plan_calibrate == "flops" || o.plan_calibrate == "steps", cmd, ": --plan-calibrate must be flops or "
+           "steps, got '", o.plan_calibrate, "'");
+  po.calibrate = o.plan_calibrate;
   Plan p;
   try {
     p = make_plan(po);
@@ -79,6 +85,7 @@ RunPlan plan_run(const std::string& cmd, const TrainOptions& o, const PlanWorklo
   } catch (const Error& e) {  // a budget below the parameters, a bad candidate list, a cuda device
     MG_THROW(cmd, ": --plan ", o.plan, ": ", e.what());
   }
+  if (o.plan_calibrate == "steps") empty_cache(device);  // the timed micro-steps' blocks: not the run's
   MG_CHECK(p.recommended >= 0, cmd, ": --plan ", o.plan, ": ", p.nothing_fits());
   return plan_of(p, p.rows[size_t(p.recommended)]);
 }

@@ -23,6 +23,7 @@ struct RunPlan {
   TechniqueOptions techniques{};
   int64_t peak_bytes = 0;        // predicted peak allocated bytes of a step (exact on cpu)
   double ms_per_step = 0.0;      // the time model's estimate
+  bool from_steps = false;       // that estimate from timed micro-steps (--plan-calibrate steps)
   int64_t budget = 0;            // the budget it was chosen for
   int64_t candidates = 0, fitting = 0;
 

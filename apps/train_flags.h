@@ -37,6 +37,9 @@ inline std::vector<CLI::Option*> add_train_flags(CLI::App* cmd, TrainOptions& t,
                       "auto: train with the fastest combination of techniques that `memgrad plan` predicts to fit "
                       "--memory-limit (or a list of candidates in memgrad bench's syntax, e.g. ckpt,bf16+accum4); "
                       "prints it and records it in config.json"),
+      cmd->add_option("--plan-calibrate", t.plan_calibrate,
+                      "how --plan estimates time: flops (FLOPs and bytes at this machine's rates) or steps (timed "
+                      "micro-steps of this model, cached; ranks the candidates better)")->capture_default_str(),
   };
   cmd->add_option("--resume", t.resume, "continue the run in this directory from its checkpoint");
   cmd->add_option("--device", t.device, "device, e.g. cpu:0")->capture_default_str();

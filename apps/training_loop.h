@@ -53,6 +53,10 @@ struct TrainOptions {
   // --plan: "auto" (memgrad plan's candidates) or a list in bench's syntax: the run's techniques are
   // the fastest plan predicted to fit memory_limit (apps/run_plan.h); "": the technique flags'.
   std::string plan{};
+  // --plan-calibrate: how --plan estimates each candidate's time: "flops" (FLOPs and bytes at this
+  // machine's rates, instant) or "steps" (timed micro-steps of the run's own model, cached; ranks
+  // better, apps/step_pieces.h).
+  std::string plan_calibrate = "flops";
   std::string out{};                // run directory of a new run ("" = runs/<name>-<date>-<time>)
   std::string resume{};             // run directory to continue (its config.json decides the rest)
   int64_t checkpoint_every = 0;     // steps between checkpoints; 0: the command's default points

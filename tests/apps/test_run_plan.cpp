@@ -107,6 +107,29 @@ TEST_CASE("gpt train --plan auto: trains where the plain run cannot, at the pred
   CHECK(rest.micro_batch == chosen.micro_batch);
 }
 
+TEST_CASE("gpt train --plan auto --plan-calibrate steps: the plan's time comes from timed micro-steps", "[plan][apps]") {
+  use_test_cache();
+  NoLimits no_limits;
+  DataTempDir tmp("run_plan_steps");
+  GptTrainOptions o = tiny_gpt(write_tiny_token_file(tmp), tmp.file("planned"));
+  // A budget every candidate fits: this case is about the time estimate, not the fit.
+  o.memory_limit = "64MiB";
+  o.plan = "auto";
+  o.plan_calibrate = "steps";
+  o.stop_after = 1;
+  const nlohmann::json plan = RunDir(gpt_train(o).run_dir).read_config().at("plan");
+  INFO(plan.dump());
+  CHECK(plan.at("predicted_ms_from") == "steps");
+  CHECK(plan.at("predicted_ms_per_step").get<double>() > 0.0);
+  CHECK(plan.at("summary").get<std::string>().find("from timed micro-steps") != std::string::npos);
+  o.out = tmp.file("flops");
+  o.plan_calibrate = "flops";
+  CHECK(RunDir(gpt_train(o).run_dir).read_config().at("plan").at("predicted_ms_from") == "flops");
+  o.out = tmp.file("bad");
+  o.plan_calibrate = "guess";
+  CHECK_THROWS_WITH(gpt_train(o), Catch::Contains("--plan-calibrate must be flops or steps, got 'guess'"));
+}
+
 TEST_CASE("vision train --plan auto: the plan's peak is the run's", "[plan][apps]") {
   use_test_cache();
   NoLimits no_limits;
