@@ -49,7 +49,7 @@ DevicePeaksFile read_device_peaks(const std::string& run_dir) {
   const std::string path = device_peaks_path(run_dir);
   MG_CHECK(std::filesystem::exists(path), "cannot open ", path, ": the run wrote no per-device peaks");
   const nlohmann::json j = read_json_file(path);
-  MG_CHECK(j.is_object() && j.value("format", "") == "memgrad-device-peaks", path,
+  MG_CHECK(json_has_format(j, "memgrad-device-peaks"), path,
            " is not a device_peaks file (no \"format\": \"memgrad-device-peaks\")");
   DevicePeaksFile f;
   try {

@@ -125,7 +125,7 @@ nlohmann::json TrainingState::to_json() const {
 }
 
 TrainingState TrainingState::from_json(const nlohmann::json& j, const std::string& source) {
-  MG_CHECK(j.is_object() && j.value("format", "") == kStateFormat, "checkpoint state '", source,
+  MG_CHECK(json_has_format(j, kStateFormat), "checkpoint state '", source,
            "' is not a memgrad checkpoint state (format '", kStateFormat, "' expected)");
   MG_CHECK(j.value("version", 0) == kStateVersion, "checkpoint state '", source, "' has version ",
            j.value("version", 0), "; this memgrad reads version ", kStateVersion);
@@ -213,6 +213,12 @@ nlohmann::json read_json_file(const std::string& path) {
   } catch (const nlohmann::json::exception& e) {
     MG_THROW("'", path, "' is not valid JSON: ", e.what());
   }
+}
+
+bool json_has_format(const nlohmann::json& j, std::string_view format) {
+  if (!j.is_object()) return false;
+  const auto it = j.find("format");
+  return it != j.end() && it->is_string() && it->get_ref<const std::string&>() == format;
 }
 
 // ---- RunDir -------------------------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/rng.h"
@@ -53,6 +54,9 @@ void write_folder_atomic(const std::string& final_dir, const std::function<void(
 void write_json_file(const std::string& path, const nlohmann::json& j);
 // Throws naming the file when it is missing or not valid JSON.
 nlohmann::json read_json_file(const std::string& path);
+// Whether `j` is an object whose "format" is the string `format`. Checks every type first, so a
+// file of the wrong shape is a "not a ... file" error, never a JSON type exception.
+bool json_has_format(const nlohmann::json& j, std::string_view format);
 
 class RunDir {
  public:

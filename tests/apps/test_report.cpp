@@ -35,6 +35,11 @@ TEST_CASE("memgrad report summarises memory.json", "[report][profiler]") {
   CHECK_THROWS_WITH(memory_report(dir.string()), Catch::Contains("memory.json is not valid JSON"));
   std::ofstream(dir / "memory.json") << "{\"traceEvents\": []}";
   CHECK_THROWS_WITH(memory_report(dir.string()), Catch::Contains("has no memgrad memory profile"));
+  // Wrong JSON types where the format is looked up (found by fuzzing): errors, not type exceptions.
+  for (const char* bad : {"{\"memgrad\": {\"format\": 1}}", "{\"memgrad\": 7}", "[1, 2]"}) {
+    std::ofstream(dir / "memory.json") << bad;
+    CHECK_THROWS_WITH(memory_report(dir.string()), Catch::Contains("has no memgrad memory profile"));
+  }
   std::filesystem::remove(dir / "memory.json");
   CHECK_THROWS_WITH(memory_report(dir.string()), Catch::Contains("memory.json: no memory profile"));
   std::filesystem::remove_all(dir);
