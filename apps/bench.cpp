@@ -108,6 +108,9 @@ Combination parse_combination(const std::string& text, int64_t batch, const Devi
       c.techniques.micro_batch = batch / n;
     } else if (part == "offload") {
       c.techniques.offload_activations = offload_target(device);
+    } else if (part == "adam8bit" || part == "adamw8bit") {
+      MG_CHECK(!c.optimizer, "bench: '", text, "' names adam8bit twice");
+      c.optimizer = OptimizerKind::adamw8bit;
     } else if (part.rfind("split=", 0) == 0 || part.rfind("pipeline=", 0) == 0) {
       // Model parallelism: the library's own parsers, their errors prefixed with the combination.
       const bool split = part[0] == 's';
@@ -122,7 +125,7 @@ Combination parse_combination(const std::string& text, int64_t batch, const Devi
     } else {
       MG_THROW("bench: unknown technique '", part, "' in '", text,
                "' (known: none, ckpt, ckpt-sqrt, ckpt-everyK, selective, bf16, fp16, bf16pure, accumN, offload, "
-               "split=S, pipeline=P)");
+               "adam8bit, split=S, pipeline=P)");
     }
   }
   if (c.parallel.split) {
@@ -141,6 +144,13 @@ Combination parse_combination(const std::string& text, int64_t batch, const Devi
   c.parallel.validate("bench: '" + text + "'", c.techniques.micro_batch, false,
                       c.techniques.offload_activations.has_value());
   return c;
+}
+
+OptimizerKind Combination::optimizer_for(OptimizerKind run) const {
+  if (!optimizer) return run;
+  MG_CHECK(run != OptimizerKind::sgd, "'", name, "' stores AdamW's moments in 8 bits, but the run's optimizer is sgd",
+           "\n  hint: drop adam8bit, or train with --optimizer adamw");
+  return *optimizer;
 }
 
 std::vector<Combination> parse_combinations(const std::string& list, int64_t batch, const Device& device,
@@ -237,6 +247,7 @@ BenchResult run_bench(const BenchOptions& o) {
       t.eval_windows = 4;
       t.save_checkpoints = false;
       t.techniques = c.techniques;
+      t.optimizer = c.optimizer_for(t.optimizer);
       t.parallel = c.parallel;
       t.progress = ProgressStyle::none;
       t.data_parallel = o.data_parallel;
@@ -263,6 +274,7 @@ BenchResult run_bench(const BenchOptions& o) {
       t.out = run_dir;
       t.save_checkpoints = false;
       t.techniques = c.techniques;
+      t.optimizer = c.optimizer_for(t.optimizer);
       t.parallel = c.parallel;
       t.progress = ProgressStyle::none;
       t.data_parallel = o.data_parallel;

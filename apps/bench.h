@@ -23,12 +23,17 @@ namespace mg {
 // selective, bf16, fp16, bf16pure, accumN (micro-batch = batch / N), offload (saved activations
 // to cpu:1, or cpu:0 from a GPU), and with --devices split=S (S: attention-mlp, stages:K,
 // balanced, tensor: the model cut over `split_devices` as `--split S` does) and pipeline=gpipe|1f1b
-// (needs a split into stages and accumN for its micro-batches). parse_combination throws naming
-// the unknown or misplaced part.
+// (needs a split into stages and accumN for its micro-batches), and adam8bit (AdamW with both
+// moments in 8 bits, optim/adamw8bit.h, in place of the run's --optimizer adamw). parse_combination
+// throws naming the unknown or misplaced part.
 struct Combination {
   std::string name;
   TechniqueOptions techniques;
   ModelParallelOptions parallel{};  // split= / pipeline=: over --devices; inactive otherwise
+  std::optional<OptimizerKind> optimizer{};  // adam8bit: replaces the run's optimizer; none: the run's own
+  // The run's optimizer under this combination: `run`'s unless the combination names one. Throws
+  // when adam8bit would replace SGD (it replaces AdamW's state, not another update rule).
+  OptimizerKind optimizer_for(OptimizerKind run) const;
 };
 Combination parse_combination(const std::string& text, int64_t batch, const Device& device,
                               const std::vector<Device>& split_devices = {});

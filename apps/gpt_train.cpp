@@ -212,6 +212,7 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     if (!o.plan.empty()) {  // --plan: the techniques come from the planner
       const RunPlan plan = plan_run(kCmd, o, run_workload(o, o.model ? "custom" : o.config, cfg, std::nullopt));
       o.techniques = plan.techniques.with_process_settings(o.techniques);
+      o.optimizer = plan.optimizer;  // adam8bit when the plan chose it (config.json records it)
       config = make_config(o, cfg, prepare_data(run, o.data, data_note), sched);
       config["plan"] = plan.to_json();
     } else {

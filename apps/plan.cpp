@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -27,6 +28,13 @@ const PlanRow& least(const std::vector<PlanRow>& rows, MemoryCategory c) {
   return *best;
 }
 
+// The workload a candidate trains: the plan's, with the combination's optimizer (adam8bit).
+PlanWorkload workload_of(const PlanWorkload& w, const Combination& c) {
+  PlanWorkload out = w;
+  out.optimizer = c.optimizer_for(w.optimizer);
+  return out;
+}
+
 // Whether a candidate runs under the budget: the allocator caps reserved bytes, and a step whose
 // reserved peak passes the budget may still fit once cached segments are released, so that case
 // is decided by running the step on meta under the budget itself.
@@ -34,7 +42,7 @@ bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& meta
   if (budget <= 0 || m.reserved <= budget) return true;
   if (m.peak > budget) return false;
   try {
-    measure_step(w, c.techniques, meta, kUntilSteady, budget);
+    measure_step(workload_of(w, c), c.techniques, meta, kUntilSteady, budget);
     return true;
   } catch (const OutOfMemoryError&) {
     return false;
@@ -44,16 +52,22 @@ bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& meta
 // --calibrate steps: the rows that fit (all without a budget) get n x micro-step + update from
 // timed pieces; the ones that do not fit cannot be recommended and keep the FLOP estimate.
 void estimate_from_steps(Plan& p, const PlanOptions& o) {
-  std::vector<TechniqueOptions> shapes;
+  // The pieces are keyed by the workload's optimizer too: each optimizer among the rows (the
+  // run's, adam8bit's) times its own.
+  std::map<OptimizerKind, std::vector<TechniqueOptions>> shapes;
   for (const PlanRow& r : p.rows)
-    if (r.fits) shapes.push_back(r.combination.techniques);
+    if (r.fits) shapes[r.combination.optimizer_for(p.workload.optimizer)].push_back(r.combination.techniques);
   StepPieces pieces = o.pieces ? *o.pieces : StepPieces::cached(p.cpu_time);
   pieces.cpu_time = p.cpu_time;
-  measure_step_pieces(p.workload, shapes, p.device, o.calibrate_rounds, pieces);
+  for (const auto& [kind, of_kind] : shapes) {
+    PlanWorkload w = p.workload;
+    w.optimizer = kind;
+    measure_step_pieces(w, of_kind, p.device, o.calibrate_rounds, pieces);
+  }
   if (!o.pieces && pieces.timed_now > 0) pieces.save();
   for (PlanRow& r : p.rows)
     if (r.fits) {
-      r.estimated_ms = pieces.estimate_ms(p.workload, r.combination.techniques).value();
+      r.estimated_ms = pieces.estimate_ms(workload_of(p.workload, r.combination), r.combination.techniques).value();
       r.from_steps = true;
     }
   p.pieces = pieces;
@@ -69,7 +83,7 @@ void verify(Plan& p, const PlanOptions& o) {
       PlanRow& row = p.rows[i];
       if (!row.measured_fits) continue;
       try {
-        const StepMeasurement m = measure_step(p.workload, row.combination.techniques, p.device,
+        const StepMeasurement m = measure_step(workload_of(p.workload, row.combination), row.combination.techniques, p.device,
                                                round == 0 ? int(o.verify_steps) : 2, p.budget);
         if (round == 0) row.measured = m.memory;
         const std::vector<double>& t = p.cpu_time ? m.timed_cpu_ms : m.timed_ms;
@@ -138,7 +152,8 @@ Plan make_plan(const PlanOptions& o) {
   for (const Combination& c : combos) {
     PlanRow row{.combination = c};
     // --verify runs the device for verify_steps: the meta step then runs as many (Note [Steady state]).
-    const StepMeasurement m = measure_step(p.workload, c.techniques, meta, o.verify ? int(o.verify_steps) : kUntilSteady);
+    const StepMeasurement m =
+        measure_step(workload_of(p.workload, c), c.techniques, meta, o.verify ? int(o.verify_steps) : kUntilSteady);
     row.memory = m.memory;
     row.flops = m.flops;
     row.allocated_bytes = m.allocated_bytes;
@@ -247,8 +262,14 @@ std::string Plan::table() const {
 
 std::string Plan::nothing_fits() const {
   const PlanRow& s = least(rows, MemoryCategory::other);
+  // Its live bytes may be under the budget while the segments that hold them are not: the step
+  // then ran out on meta under the budget itself (fits_budget), from fragmentation.
+  const std::string why = s.memory.peak <= budget
+                              ? " allocated, but its blocks need " + format_bytes(s.memory.reserved) +
+                                    " of segments and run out of memory under this budget"
+                              : "";
   return "nothing fits " + format_bytes(budget) + ": the least a candidate needs is " + format_bytes(s.memory.peak) +
-         " (" + s.combination.name + ")\n  hint: bf16pure halves parameters and activations, --optimizer adamw8bit "
+         why + " (" + s.combination.name + ")\n  hint: bf16pure halves parameters and activations, --optimizer adamw8bit "
          "shrinks the optimizer state, ckpt-sqrt or more accumulation shrink activations";
 }
 

@@ -13,7 +13,7 @@ namespace {
 
 RunPlan plan_of(const Plan& p, const PlanRow& row) {
   RunPlan r{.combination = row.combination.name, .techniques = row.combination.techniques,
-            .peak_bytes = row.memory.peak, .ms_per_step = row.estimated_ms, .from_steps = row.from_steps,
+            .optimizer = row.combination.optimizer_for(p.workload.optimizer), .peak_bytes = row.memory.peak, .ms_per_step = row.estimated_ms, .from_steps = row.from_steps,
             .budget = p.budget, .candidates = int64_t(p.rows.size()), .fitting = 0};
   for (const PlanRow& x : p.rows) r.fitting += x.fits;
   return r;

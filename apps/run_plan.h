@@ -21,6 +21,7 @@ namespace mg {
 struct RunPlan {
   std::string combination;
   TechniqueOptions techniques{};
+  OptimizerKind optimizer = OptimizerKind::adamw;  // the run's, or adam8bit's when the plan names it
   int64_t peak_bytes = 0;        // predicted peak allocated bytes of a step (exact on cpu)
   double ms_per_step = 0.0;      // the time model's estimate
   bool from_steps = false;       // that estimate from timed micro-steps (--plan-calibrate steps)

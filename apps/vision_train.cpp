@@ -307,6 +307,7 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
     if (!o.plan.empty()) {  // --plan: the techniques come from the planner
       const RunPlan plan = plan_run(kCmd, o, run_workload(o, o.config ? "custom" : o.model, std::nullopt, cfg));
       o.techniques = plan.techniques.with_process_settings(o.techniques);
+      o.optimizer = plan.optimizer;  // adam8bit when the plan chose it (config.json records it)
       config["plan"] = plan.to_json();
     }
     config.update(o.to_config(sched));

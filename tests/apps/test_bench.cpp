@@ -77,6 +77,28 @@ TEST_CASE("memgrad bench: a tiny GPT under several combinations", "[apps][bench]
   CHECK_THROWS_WITH(run_bench(o), Catch::Contains("already holds a bench.csv"));
 }
 
+TEST_CASE("memgrad bench: adam8bit trains with 8-bit AdamW moments, the same loss to 1%", "[apps][bench][adam8bit]") {
+  DataTempDir dir("bench_adam8bit");
+  BenchOptions o;
+  // d_model 64: every weight matrix and the embeddings have 4096+ elements (8-bit moments).
+  o.gpt = GPTConfig{.vocab_size = 256, .context = 16, .n_layer = 2, .n_head = 2, .d_model = 64};
+  o.data = write_tiny_token_file(dir);
+  o.techniques = "none,adam8bit,ckpt+adam8bit";
+  o.steps = 4;
+  o.batch = 4;
+  o.out = dir.file("bench");
+  o.progress = ProgressStyle::none;
+  const BenchResult r = run_bench(o);
+  INFO(r.table());
+  REQUIRE(r.rows.size() == 3);
+  auto optim = [](const BenchRow& x) { return double(x.memory.category[size_t(MemoryCategory::optimizer_state)]); };
+  CHECK(optim(r.rows[1]) < 0.3 * optim(r.rows[0]));  // 2 B a parameter + block scales, against 8 B
+  CHECK(optim(r.rows[2]) == optim(r.rows[1]));
+  CHECK(r.rows[1].memory.peak < r.rows[0].memory.peak);
+  CHECK(r.rows[1].loss == Approx(r.rows[0].loss).epsilon(0.01));
+  CHECK(r.rows[2].loss == r.rows[1].loss);  // checkpointing keeps the bits
+}
+
 TEST_CASE("memgrad bench: combinations are parsed strictly", "[apps][bench]") {
   const Device cpu0 = kCPU;
   Combination c = parse_combination("ckpt+bf16+accum4", 8, cpu0);
@@ -89,6 +111,10 @@ TEST_CASE("memgrad bench: combinations are parsed strictly", "[apps][bench]") {
   CHECK_THROWS_WITH(parse_combination("accum3", 8, cpu0), Catch::Contains("does not divide"));
   CHECK_THROWS_WITH(parse_combination("bf16+fp16", 8, cpu0), Catch::Contains("two precisions"));
   CHECK_THROWS_WITH(parse_combinations("none,none", 8, cpu0), Catch::Contains("appears twice"));
+  CHECK(parse_combination("ckpt+adam8bit", 8, cpu0).optimizer == OptimizerKind::adamw8bit);
+  CHECK(parse_combination("ckpt+adam8bit", 8, cpu0).optimizer_for(OptimizerKind::adamw) == OptimizerKind::adamw8bit);
+  CHECK(!parse_combination("ckpt", 8, cpu0).optimizer);
+  CHECK_THROWS_WITH(parse_combination("adam8bit+adamw8bit", 8, cpu0), Catch::Contains("names adam8bit twice"));
   BenchOptions o;
   o.model = "resnet";
   CHECK_THROWS_WITH(run_bench(o), Catch::Contains("unknown --model 'resnet'"));

@@ -35,11 +35,16 @@ TEST_CASE("plan: every row's meta peak equals the step run on cpu:0, and fits ag
   use_test_cache();
   PlanOptions o;
   o.workload = tiny_gpt();
-  o.techniques = "none,ckpt,bf16,bf16pure+accum2,ckpt-sqrt+offload,selective+accum4";
+  o.techniques = "none,ckpt,bf16,bf16pure+accum2,ckpt-sqrt+offload,selective+accum4,adam8bit,ckpt+bf16+adam8bit";
   o.verify = true;
   // Unbounded first: every row fits, and measured peaks equal the estimates byte for byte.
   Plan all = make_plan(o);
-  REQUIRE(all.rows.size() == 6);
+  REQUIRE(all.rows.size() == 8);
+  // adam8bit trains with AdamW8bit: its optimizer state is the smaller one (1 byte a moment, f32
+  // for tensors under 4096 elements).
+  auto optim = [](const PlanRow& r) { return r.memory.category[size_t(MemoryCategory::optimizer_state)]; };
+  CHECK(optim(all.rows[6]) < optim(all.rows[0]));
+  CHECK(all.rows[6].combination.optimizer == OptimizerKind::adamw8bit);
   int64_t lo = all.rows.front().memory.peak, hi = lo;
   for (const PlanRow& r : all.rows) {
     INFO(r.combination.name);
@@ -156,6 +161,15 @@ TEST_CASE("plan: a budget below the parameters alone names the minimum and what 
     CHECK(m.find("the least any candidate needs is") != std::string::npos);
     CHECK(m.find("bf16pure") != std::string::npos);
   }
+}
+
+TEST_CASE("plan: adam8bit replaces AdamW's state, not SGD", "[plan][apps]") {
+  use_test_cache();
+  PlanOptions o;
+  o.workload = tiny_gpt();
+  o.optimizer = "sgd";
+  o.techniques = "none,adam8bit";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("'adam8bit' stores AdamW's moments in 8 bits, but the run's optimizer is sgd"));
 }
 
 TEST_CASE("plan: unknown models, techniques and devices are clear errors", "[plan][apps]") {
