@@ -28,8 +28,11 @@ class AdamW8bit : public Optimizer {
 
   // The 256 sorted code values (bitsandbytes' create_dynamic_map(signed)), for tests and docs.
   static const std::array<float, 256>& dynamic_map(bool is_signed);
-  // x / absmax in [-1, 1] (or [0, 1]) -> index of the nearest code.
-  static uint8_t quantize_code(float x, const std::array<float, 256>& map);
+  // x / absmax in [-1, 1] (or [0, 1]) -> index of the nearest code of dynamic_map(is_signed); a tie
+  // goes to the lower code. Looks the search's start up by x's leading bits (Note [Code index]).
+  static uint8_t quantize_code(float x, bool is_signed);
+  // The specification quantize_code is checked against: a binary search of `map`.
+  static uint8_t quantize_code_ref(float x, const std::array<float, 256>& map);
 
  protected:
   std::vector<std::string> state_names() const override;

@@ -5,7 +5,10 @@
 #include <catch2/catch.hpp>
 #include <unistd.h>
 
+#include <bit>
 #include <cmath>
+#include <limits>
+#include <random>
 
 #include "autograd/engine.h"
 #include "autograd/grad_mode.h"
@@ -72,9 +75,32 @@ TEST_CASE("AdamW8bit: dynamic maps and nearest-code rounding", "[adam8bit]") {
   // the smallest positive codes are 1e-6-scale (dynamic exponent), not 1/255 (linear)
   CHECK(*std::upper_bound(u.begin(), u.end(), 0.f) < 1e-6f);
   for (float x : {-1.f, -0.3f, -1e-5f, 0.f, 2e-7f, 0.01f, 0.5f, 0.999f, 1.f}) {
-    const uint8_t c = AdamW8bit::quantize_code(x, s);
+    const uint8_t c = AdamW8bit::quantize_code(x, /*is_signed=*/true);
     for (float code : s) CHECK(std::abs(code - x) >= std::abs(s[c] - x));
   }
+}
+
+TEST_CASE("AdamW8bit: the indexed code search equals the binary search on every kind of float", "[adam8bit]") {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> unit(-1.f, 1.f);
+  std::uniform_int_distribution<uint32_t> bits;
+  std::vector<float> xs{0.f, -0.f, 1.f, -1.f, 1e-30f, -1e-30f, std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::denorm_min()};
+  for (bool is_signed : {true, false})  // every code, and the floats on either side of it
+    for (float c : AdamW8bit::dynamic_map(is_signed))
+      for (float x : {c, std::nextafter(c, 2.f), std::nextafter(c, -2.f)}) xs.push_back(x);
+  for (int i = 0; i < 300000; ++i) {
+    xs.push_back(unit(rng));                        // what the update quantizes: x / absmax
+    xs.push_back(std::bit_cast<float>(bits(rng)));  // any bit pattern (NaN included)
+  }
+  int64_t differ = 0;
+  for (bool is_signed : {true, false})
+    for (float x : xs)
+      if (AdamW8bit::quantize_code(x, is_signed) != AdamW8bit::quantize_code_ref(x, AdamW8bit::dynamic_map(is_signed))) {
+        ++differ;
+        UNSCOPED_INFO("differs at " << x << " (bits " << std::bit_cast<uint32_t>(x) << ")");
+      }
+  CHECK(differ == 0);
 }
 
 TEST_CASE("AdamW8bit: optimizer state at least 70% smaller than AdamW's (allocator)", "[adam8bit]") {
