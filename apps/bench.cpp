@@ -128,6 +128,8 @@ Combination parse_combination(const std::string& text, int64_t batch, const Devi
                "adam8bit, split=S, pipeline=P)");
     }
   }
+  MG_CHECK(!(c.optimizer && c.techniques.precision == Precision::bf16_pure), "bench: '", text,
+           "': adam8bit updates f32 parameters and bf16pure stores them in bf16; use adam8bit with fp32, bf16 or fp16");
   if (c.parallel.split) {
     MG_CHECK(!split_devices.empty(), "bench: '", text, "' splits the model over --devices; give them, e.g. "
              "--devices cpu:0,cpu:1");

@@ -115,6 +115,7 @@ TEST_CASE("memgrad bench: combinations are parsed strictly", "[apps][bench]") {
   CHECK(parse_combination("ckpt+adam8bit", 8, cpu0).optimizer_for(OptimizerKind::adamw) == OptimizerKind::adamw8bit);
   CHECK(!parse_combination("ckpt", 8, cpu0).optimizer);
   CHECK_THROWS_WITH(parse_combination("adam8bit+adamw8bit", 8, cpu0), Catch::Contains("names adam8bit twice"));
+  CHECK_THROWS_WITH(parse_combination("bf16pure+adam8bit", 8, cpu0), Catch::Contains("adam8bit updates f32 parameters"));
   BenchOptions o;
   o.model = "resnet";
   CHECK_THROWS_WITH(run_bench(o), Catch::Contains("unknown --model 'resnet'"));
