@@ -32,7 +32,8 @@ std::string memory_report(const std::string& run_dir, size_t top) {
   } catch (const std::exception& e) {
     MG_CHECK(false, path, " is not valid JSON: ", e.what());
   }
-  MG_CHECK(j.is_object() && j.contains("memgrad") && json_has_format(j["memgrad"], "memgrad-memory-profile"), path, " has no memgrad memory profile (no \"memgrad\" object of format memgrad-memory-profile)");
+  MG_CHECK(j.is_object() && j.contains("memgrad") && json_has_format(j["memgrad"], "memgrad-memory-profile"),
+           path, " has no memgrad memory profile (no \"memgrad\" object of format memgrad-memory-profile)");
   std::ostringstream o;
   char line[512];
   try {

@@ -74,6 +74,13 @@ uint8_t nearest(float x, uint32_t hi, const std::array<float, 256>& map) {
   return uint8_t((x - map[hi - 1]) <= (map[hi] - x) ? hi - 1 : hi);  // nearest; a tie goes down
 }
 
+const CodeIndex& code_index(bool is_signed) {
+  // 32 KiB each, built on first use: constant tables, like the maps themselves.
+  static const std::unique_ptr<const CodeIndex> s = std::make_unique<CodeIndex>(AdamW8bit::dynamic_map(true)),
+                                                u = std::make_unique<CodeIndex>(AdamW8bit::dynamic_map(false));
+  return is_signed ? *s : *u;
+}
+
 }  // namespace
 
 const std::array<float, 256>& AdamW8bit::dynamic_map(bool is_signed) {
@@ -82,11 +89,7 @@ const std::array<float, 256>& AdamW8bit::dynamic_map(bool is_signed) {
 }
 
 uint8_t AdamW8bit::quantize_code(float x, bool is_signed) {
-  // 32 KiB each, built on first use: constant tables, like the maps themselves.
-  static const std::unique_ptr<const CodeIndex> s = std::make_unique<CodeIndex>(dynamic_map(true)),
-                                                u = std::make_unique<CodeIndex>(dynamic_map(false));
-  const CodeIndex& index = is_signed ? *s : *u;
-  return nearest(x, index.lower_bound(x), dynamic_map(is_signed));
+  return nearest(x, code_index(is_signed).lower_bound(x), dynamic_map(is_signed));
 }
 
 uint8_t AdamW8bit::quantize_code_ref(float x, const std::array<float, 256>& map) {
@@ -160,6 +163,8 @@ void AdamW8bit::update(const ParamGroup& group, const Tensor& param, const Tenso
   float* va = s.tensors[3].second.data<float>();
   const auto& smap = dynamic_map(true);
   const auto& umap = dynamic_map(false);
+  const CodeIndex& sindex = code_index(true);  // looked up once, not per element
+  const CodeIndex& uindex = code_index(false);
   const int64_t B = opt_.block_size, blocks = (n + B - 1) / B;
   parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     float m[kMaxBlock], v[kMaxBlock];  // one block's new moments in f32, on the stack
@@ -177,8 +182,9 @@ void AdamW8bit::update(const ParamGroup& group, const Tensor& param, const Tenso
       // requantize with the block's new absmax
       const float m_inv = m_max > 0 ? 1.f / m_max : 0.f, v_inv = v_max > 0 ? 1.f / v_max : 0.f;
       for (int64_t j = 0; j < len; ++j) {
-        mq[begin + j] = quantize_code(m[j] * m_inv, /*is_signed=*/true);
-        vq[begin + j] = quantize_code(v[j] * v_inv, /*is_signed=*/false);
+        const float mx = m[j] * m_inv, vx = v[j] * v_inv;
+        mq[begin + j] = nearest(mx, sindex.lower_bound(mx), smap);
+        vq[begin + j] = nearest(vx, uindex.lower_bound(vx), umap);
       }
       ma[blk] = m_max;
       va[blk] = v_max;
