@@ -17,7 +17,7 @@
 #include <type_traits>
 
 #include "ops/attention_common.h"
-#include "ops/cpu_gemm.h"
+#include "ops/attention_tiles.h"
 #include "ops/kernels/elementwise_functors.h"
 #include "core/flop_counter.h"
 #include "core/parallel.h"
@@ -57,11 +57,6 @@ Operand<C> operand(const Tensor& t) {
   return {t.data<std::remove_const_t<C>>(), t.stride(0), t.stride(1), t.stride(2)};
 }
 
-// Key columns of query row i inside the key tile starting at j0 with `cols` columns.
-int64_t valid_cols(const FlashDims& d, int64_t i, int64_t j0, int64_t cols) {
-  return d.causal ? std::clamp<int64_t>(i - j0 + 1, 0, cols) : cols;
-}
-
 template <class C>
 C drop_factor(const FlashDims& d, const Generator& g, int64_t s, int64_t i, int64_t j) {
   const uint64_t pos = d.drop.offset + uint64_t((s * d.T + i) * d.T + j);
@@ -78,57 +73,67 @@ void on_lanes(int64_t tasks, int64_t ws_per_lane, C* ws, F task) {
   });
 }
 
-// One lane's forward workspace: a score tile and the running max and sum of its rows.
-int64_t forward_ws(const FlashDims& d) { return d.bs() * d.bs() + 2 * d.bs(); }
+// Note [Transposed score tiles]. The kernels hold a tile of scores transposed, keys down and
+// queries across: ST[j][r] = sum_x k[j][x] (scale q[r][x]), from the query block packed once as
+// QT[x][r] = scale q[r][x] (and, in backward, dout's block as dOT). Then every per-query quantity
+// (running max, sum, lse, D) is a row of lanes, so the softmax steps vectorise over queries, and
+// every product is a tile_gemm (ops/attention_tiles.h) reading its A operand at strides: P v as
+// sum_j ST[j][r] v[j], dv += ST dout, dq += dS k as sum_j dST[j][r] k[j], dk += dST q.
+// Masked (causal) entries are -inf before the max and 0 after the exponential.
 
-// max(init, row[0..n)): max is exact whatever the order, so 16 running maxima (which vectorise)
-// give what one running maximum did (NaN aside, which has no meaning here).
+// One lane's forward workspace: the query block transposed, a score tile, the running max and sum.
+int64_t forward_ws(const FlashDims& d) { return d.HS * d.bs() + d.bs() * d.bs() + 2 * d.bs(); }
+
+// QT[x * BS + r] = scale * src[r * st + x] for r < rows, x < HS.
 template <class C>
-C row_max(const C* row, int64_t n, C init) {
-  constexpr int64_t kW = 16;
-  C part[kW];
-  std::fill(part, part + kW, init);
-  int64_t j = 0;
-  for (; j + kW <= n; j += kW)
-    for (int64_t q = 0; q < kW; ++q) part[q] = part[q] < row[j + q] ? row[j + q] : part[q];
-  C mx = init;
-  for (int64_t q = 0; q < kW; ++q) mx = std::max(mx, part[q]);
-  for (; j < n; ++j) mx = std::max(mx, row[j]);
-  return mx;
+void pack_transposed(const C* src, int64_t st, int64_t rows, int64_t HS, C scale, C* QT, int64_t BS) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t x = 0; x < HS; ++x) QT[x * BS + r] = scale * src[r * st + x];
 }
 
-// Note [Attention row sums]: sum[r] = row r's elements added left to right, as a single loop
-// adds them, so the bits are a plain loop's; but 8 rows' chains advance together (one add per
-// row per column) instead of one chain at a time, which waits on the adder's latency. The zeros
-// after a row's valid columns add +0.0 to a non-negative sum: no change.
+// D[r] = sum_x a[r][x] b[r][x], x in order (a plain loop's bits), 8 rows' chains advancing
+// together so that they do not wait on one another's adds.
 template <class C>
-void row_sums(const C* tile, int64_t ld, int64_t rows, int64_t cols, C* sum) {
-  constexpr int64_t kRows = 8;
+void row_dots(const C* a, int64_t sa, const C* b, int64_t sb, int64_t rows, int64_t n, C* D) {
+  constexpr int64_t kRowsAtOnce = 8;
   int64_t r0 = 0;
-  for (; r0 + kRows <= rows; r0 += kRows) {
-    C acc[kRows] = {};
-    for (int64_t j = 0; j < cols; ++j)
-      for (int64_t q = 0; q < kRows; ++q) acc[q] += tile[(r0 + q) * ld + j];
-    std::copy(acc, acc + kRows, sum + r0);
+  for (; r0 + kRowsAtOnce <= rows; r0 += kRowsAtOnce) {
+    C acc[kRowsAtOnce] = {};
+    for (int64_t x = 0; x < n; ++x)
+#pragma GCC unroll 8
+      for (int64_t q = 0; q < kRowsAtOnce; ++q) acc[q] += a[(r0 + q) * sa + x] * b[(r0 + q) * sb + x];
+    std::copy(acc, acc + kRowsAtOnce, D + r0);
   }
   for (; r0 < rows; ++r0) {
     C acc = 0;
-    for (int64_t j = 0; j < cols; ++j) acc += tile[r0 * ld + j];
-    sum[r0] = acc;
+    for (int64_t x = 0; x < n; ++x) acc += a[r0 * sa + x] * b[r0 * sb + x];
+    D[r0] = acc;
   }
+}
+
+// Whether key tile j0 reaches past the block's first query (causal: some entries are masked).
+bool straddles(const FlashDims& d, int64_t i0, int64_t j0, int64_t cols) { return d.causal && j0 + cols - 1 > i0; }
+
+// In a straddling tile, ST[j][r] = `value` where key j0 + j comes after query i0 + r.
+template <class C>
+void mask_future(C* ST, int64_t BS, int64_t i0, int64_t j0, int64_t rows, int64_t cols, C value) {
+  for (int64_t j = 0; j < cols; ++j)
+    for (int64_t r = 0; r < std::min(rows, j0 + j - i0); ++r) ST[j * BS + r] = value;
 }
 
 template <class C>
 void forward_kernel(const FlashDims& d, Operand<const C> q, Operand<const C> k, Operand<const C> v, Operand<C> out,
                     C* lse, C* ws) {
+  using attention_tiles::tile_gemm;
   const int64_t T = d.T, HS = d.HS, BS = d.bs(), NB = d.blocks();
   const Generator g(d.drop.seed);
   on_lanes(d.S() * NB, forward_ws(d), ws, [&](int64_t task, C* w) {
     const int64_t s = task / NB, i0 = (task % NB) * BS, rows = std::min(BS, T - i0);
-    C *tile = w, *m = w + BS * BS, *l = m + BS;
-    C mx[kBlock], sum[kBlock];  // this tile's row maxima and sums
-    const C *qs = q.slice(s, d.NH) + i0 * q.st, *ks = k.slice(s, d.NH), *vs = v.slice(s, d.NH);
+    C *QT = w, *ST = QT + HS * BS, *m = ST + BS * BS, *l = m + BS;
+    C mx[kBlock], sum[kBlock], corr[kBlock];  // this tile's per-query max, sum, and the rescaling
+    const C *ks = k.slice(s, d.NH), *vs = v.slice(s, d.NH);
     C* os = out.slice(s, d.NH) + i0 * out.st;
+    pack_transposed(q.slice(s, d.NH) + i0 * q.st, q.st, rows, HS, C(d.scale), QT, BS);
     for (int64_t r = 0; r < rows; ++r) {
       std::fill(os + r * out.st, os + r * out.st + HS, C(0));
       m[r] = -std::numeric_limits<C>::infinity();
@@ -137,33 +142,39 @@ void forward_kernel(const FlashDims& d, Operand<const C> q, Operand<const C> k, 
     const int64_t jend = d.causal ? i0 + rows : T;
     for (int64_t j0 = 0; j0 < jend; j0 += BS) {
       const int64_t cols = std::min(BS, jend - j0);
-      cpu_gemm(Transpose::no, Transpose::yes, rows, cols, HS, C(d.scale), qs, q.st, ks + j0 * k.st, k.st, C(0), tile,
-               BS);  // (rows, cols) scores
-      // Each row: its new max, e^(s - max) over the valid columns and zeros after them; then the
-      // rows' sums 8 rows at a time (Note [Attention row sums]); then rescaling and dropout.
-      for (int64_t r = 0; r < rows; ++r) {
-        C* row = tile + r * BS;
-        const int64_t L = valid_cols(d, i0 + r, j0, cols);
-        mx[r] = row_max(row, L, m[r]);
-        for (int64_t j = 0; j < L; ++j) row[j] = fn::exp(row[j] - mx[r]);  // vectorises
-        std::fill(row + L, row + cols, C(0));
+      tile_gemm(cols, rows, HS, ks + j0 * k.st, k.st, int64_t(1), QT, BS, ST, BS, false);  // (cols, rows) scores
+      const bool masked = straddles(d, i0, j0, cols);
+      if (masked) mask_future(ST, BS, i0, j0, rows, cols, -std::numeric_limits<C>::infinity());
+      std::copy(m, m + rows, mx);
+      for (int64_t j = 0; j < cols; ++j) {
+        const C* row = ST + j * BS;
+#pragma omp simd simdlen(16)
+        for (int64_t r = 0; r < rows; ++r) mx[r] = mx[r] < row[r] ? row[r] : mx[r];
       }
-      row_sums(tile, BS, rows, cols, sum);
-      for (int64_t r = 0; r < rows; ++r) {
-        C* row = tile + r * BS;
-        const int64_t L = valid_cols(d, i0 + r, j0, cols);
-        const C corr = fn::exp(m[r] - mx[r]);  // 0 on the first tile (m = -inf)
-        l[r] = l[r] * corr + sum[r];
-        m[r] = mx[r];
-        if (corr != C(1)) {
-          C* orow = os + r * out.st;
-          for (int64_t x = 0; x < HS; ++x) orow[x] *= corr;
+      std::fill(sum, sum + rows, C(0));
+      for (int64_t j = 0; j < cols; ++j) {  // each query's sum adds its keys in order
+        C* row = ST + j * BS;
+#pragma omp simd simdlen(16)
+        for (int64_t r = 0; r < rows; ++r) {
+          row[r] = fn::exp(row[r] - mx[r]);
+          sum[r] += row[r];
         }
-        if (d.drop.p > 0)
-          for (int64_t j = 0; j < L; ++j) row[j] *= drop_factor<C>(d, g, s, i0 + r, j0 + j);
       }
-      cpu_gemm(Transpose::no, Transpose::no, rows, HS, cols, C(1), tile, BS, vs + j0 * v.st, v.st, C(1), os,
-               out.st);
+      if (masked) mask_future(ST, BS, i0, j0, rows, cols, C(0));
+      for (int64_t r = 0; r < rows; ++r) {
+        corr[r] = fn::exp(m[r] - mx[r]);  // 0 on the first tile (m = -inf)
+        l[r] = l[r] * corr[r] + sum[r];
+        m[r] = mx[r];
+      }
+      for (int64_t r = 0; r < rows; ++r)
+        if (corr[r] != C(1)) {
+          C* orow = os + r * out.st;
+          for (int64_t x = 0; x < HS; ++x) orow[x] *= corr[r];
+        }
+      if (d.drop.p > 0)
+        for (int64_t j = 0; j < cols; ++j)
+          for (int64_t r = 0; r < rows; ++r) ST[j * BS + r] *= drop_factor<C>(d, g, s, i0 + r, j0 + j);
+      tile_gemm(rows, HS, cols, ST, int64_t(1), BS, vs + j0 * v.st, v.st, os, out.st, true);  // out += P v
     }
     for (int64_t r = 0; r < rows; ++r) {
       C* orow = os + r * out.st;
@@ -174,19 +185,21 @@ void forward_kernel(const FlashDims& d, Operand<const C> q, Operand<const C> k, 
   });
 }
 
-// One lane's backward workspace: the weights tile, the dP / dS tile, D of a query block.
-int64_t backward_ws(const FlashDims& d) { return 2 * d.bs() * d.bs() + d.bs(); }
+// One lane's backward workspace: q's and dout's blocks transposed, the weights tile, the dP / dS
+// tile, the dropped weights tile, D of a query block.
+int64_t backward_ws(const FlashDims& d) { return 2 * d.HS * d.bs() + 3 * d.bs() * d.bs() + d.bs(); }
 
 // Null dq / dk / dv operands are not computed (v is read only when dq or dk is wanted).
 template <class C>
 void backward_kernel(const FlashDims& d, Operand<const C> q, Operand<const C> k, Operand<const C> v,
                      Operand<const C> out, const C* lse, Operand<const C> dout, Operand<C> dq, Operand<C> dk,
                      Operand<C> dv, C* ws) {
+  using attention_tiles::tile_gemm;
   const int64_t T = d.T, HS = d.HS, BS = d.bs();
   const Generator g(d.drop.seed);
   const bool want_ds = dq.p || dk.p;
   on_lanes(d.S(), backward_ws(d), ws, [&](int64_t s, C* w) {
-    C *P = w, *dS = w + BS * BS, *D = dS + BS * BS;
+    C *QT = w, *dOT = QT + HS * BS, *PT = dOT + HS * BS, *dST = PT + BS * BS, *PdT = dST + BS * BS, *D = PdT + BS * BS;
     const C *qs = q.slice(s, d.NH), *ks = k.slice(s, d.NH), *vs = v.slice(s, d.NH);
     const C *os = out.slice(s, d.NH), *gs = dout.slice(s, d.NH);
     for (const Operand<C>* o : {&dq, &dk, &dv})
@@ -195,52 +208,46 @@ void backward_kernel(const FlashDims& d, Operand<const C> q, Operand<const C> k,
     for (int64_t i0 = 0; i0 < T; i0 += BS) {
       const int64_t rows = std::min(BS, T - i0);
       const C* ls = lse + s * T + i0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const C *gr = gs + (i0 + r) * dout.st, *orow = os + (i0 + r) * out.st;
-        C dot = 0;
-        for (int64_t x = 0; x < HS; ++x) dot += gr[x] * orow[x];
-        D[r] = dot;
-      }
+      pack_transposed(qs + i0 * q.st, q.st, rows, HS, C(d.scale), QT, BS);
+      if (want_ds) pack_transposed(gs + i0 * dout.st, dout.st, rows, HS, C(1), dOT, BS);
+      row_dots(gs + i0 * dout.st, dout.st, os + i0 * out.st, out.st, rows, HS, D);
       const int64_t jend = d.causal ? i0 + rows : T;
       for (int64_t j0 = 0; j0 < jend; j0 += BS) {
         const int64_t cols = std::min(BS, jend - j0);
-        cpu_gemm(Transpose::no, Transpose::yes, rows, cols, HS, C(d.scale), qs + i0 * q.st, q.st, ks + j0 * k.st, k.st,
-                 C(0), P, BS);
-        for (int64_t r = 0; r < rows; ++r) {
-          C* row = P + r * BS;
-          const int64_t L = valid_cols(d, i0 + r, j0, cols);
-          for (int64_t j = 0; j < L; ++j) row[j] = fn::exp(row[j] - ls[r]);
-          std::fill(row + L, row + cols, C(0));
+        const bool masked = straddles(d, i0, j0, cols);
+        tile_gemm(cols, rows, HS, ks + j0 * k.st, k.st, int64_t(1), QT, BS, PT, BS, false);
+        for (int64_t j = 0; j < cols; ++j) {
+          C* row = PT + j * BS;
+#pragma omp simd simdlen(16)
+          for (int64_t r = 0; r < rows; ++r) row[r] = fn::exp(row[r] - ls[r]);
         }
-        if (dv.p) {
-          const C* w_used = P;  // the weights the forward multiplied v with
-          if (d.drop.p > 0) {
-            for (int64_t r = 0; r < rows; ++r)
-              for (int64_t j = 0; j < cols; ++j)
-                dS[r * BS + j] = P[r * BS + j] * drop_factor<C>(d, g, s, i0 + r, j0 + j);
-            w_used = dS;
-          }
-          cpu_gemm(Transpose::yes, Transpose::no, cols, HS, rows, C(1), w_used, BS, gs + i0 * dout.st, dout.st, C(1),
-                   dv.slice(s, d.NH) + j0 * dv.st, dv.st);
+        if (masked) mask_future(PT, BS, i0, j0, rows, cols, C(0));
+        const C* used = PT;  // the weights the forward multiplied v with
+        if (d.drop.p > 0) {
+          for (int64_t j = 0; j < cols; ++j)
+            for (int64_t r = 0; r < rows; ++r) PdT[j * BS + r] = PT[j * BS + r] * drop_factor<C>(d, g, s, i0 + r, j0 + j);
+          used = PdT;
         }
+        if (dv.p)  // dv += P^T dout
+          tile_gemm(cols, HS, rows, used, BS, int64_t(1), gs + i0 * dout.st, dout.st, dv.slice(s, d.NH) + j0 * dv.st,
+                    dv.st, true);
         if (!want_ds) continue;
-        cpu_gemm(Transpose::no, Transpose::yes, rows, cols, HS, C(1), gs + i0 * dout.st, dout.st, vs + j0 * v.st, v.st,
-                 C(0), dS, BS);  // dP
-        for (int64_t r = 0; r < rows; ++r) {
-          C *drow = dS + r * BS;
-          const C* prow = P + r * BS;
-          const int64_t L = valid_cols(d, i0 + r, j0, cols);
+        tile_gemm(cols, rows, HS, vs + j0 * v.st, v.st, int64_t(1), dOT, BS, dST, BS, false);  // dP^T
+        for (int64_t j = 0; j < cols; ++j) {
+          C* drow = dST + j * BS;
+          const C* prow = PT + j * BS;
           if (d.drop.p > 0)
-            for (int64_t j = 0; j < L; ++j) drow[j] *= drop_factor<C>(d, g, s, i0 + r, j0 + j);
-          for (int64_t j = 0; j < L; ++j) drow[j] = prow[j] * (drow[j] - D[r]) * C(d.scale);
-          std::fill(drow + L, drow + cols, C(0));
+            for (int64_t r = 0; r < rows; ++r) drow[r] *= drop_factor<C>(d, g, s, i0 + r, j0 + j);
+#pragma omp simd simdlen(16)
+          for (int64_t r = 0; r < rows; ++r) drow[r] = prow[r] * (drow[r] - D[r]) * C(d.scale);
         }
-        if (dq.p)
-          cpu_gemm(Transpose::no, Transpose::no, rows, HS, cols, C(1), dS, BS, ks + j0 * k.st, k.st, C(1),
-                   dq.slice(s, d.NH) + i0 * dq.st, dq.st);
-        if (dk.p)
-          cpu_gemm(Transpose::yes, Transpose::no, cols, HS, rows, C(1), dS, BS, qs + i0 * q.st, q.st, C(1),
-                   dk.slice(s, d.NH) + j0 * dk.st, dk.st);
+        if (masked) mask_future(dST, BS, i0, j0, rows, cols, C(0));
+        if (dq.p)  // dq += dS k
+          tile_gemm(rows, HS, cols, dST, int64_t(1), BS, ks + j0 * k.st, k.st, dq.slice(s, d.NH) + i0 * dq.st, dq.st,
+                    true);
+        if (dk.p)  // dk += dS^T q
+          tile_gemm(cols, HS, rows, dST, BS, int64_t(1), qs + i0 * q.st, q.st, dk.slice(s, d.NH) + j0 * dk.st, dk.st,
+                    true);
       }
     }
   });
