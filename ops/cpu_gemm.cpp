@@ -153,6 +153,16 @@ bool native_bf16() {
   return has && kernel_state().load(std::memory_order_relaxed) == GemmKernel::avx512;
 }
 
+// bf16 products on AMX tiles (ops/cpu_gemm_amx.cpp): where native_bf16() holds and the CPU has
+// AMX-BF16, unless MG_AMX=0.
+bool native_amx() {
+  static const bool wanted = [] {
+    const char* env = std::getenv("MG_AMX");
+    return !(env != nullptr && std::strcmp(env, "0") == 0);
+  }();
+  return wanted && native_bf16() && gemm_packed::amx_bf16_supported();
+}
+
 const gemm_packed::MicroKernels& micro_kernels(GemmKernel k) {
 #if defined(__x86_64__) || defined(_M_X64)
   if (k == GemmKernel::avx512) return gemm_packed::avx512_kernels();
@@ -278,7 +288,11 @@ void gemm_low(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float
     const int64_t r0 = (t / g.tn) * g.rows, c0 = (t % g.tn) * g.cols;
     const int64_t rows = std::min(g.rows, M - r0), cols = std::min(g.cols, N - c0);
     if constexpr (std::is_same_v<H, BFloat16>) {
-      // bf16 pairs on vdpbf16ps where the CPU has it and the AVX-512 kernels are chosen.
+      // AMX tiles, else bf16 pairs on vdpbf16ps, where the CPU has them and the AVX-512 kernels are chosen.
+      if (native_amx() && gemm_packed::amx_bf16_workspace_floats(rows, cols, K) <= per_lane)
+        return gemm_packed::amx_bf16_gemm(ta, tb, rows, cols, K, alpha, ta == Transpose::no ? A + r0 * lda : A + r0,
+                                          lda, tb == Transpose::no ? B + c0 : B + c0 * ldb, ldb, beta,
+                                          C + r0 * ldc + c0, ldc, pa);
       if (native_bf16() && gemm_packed::bf16_pairs_workspace_floats(rows, cols, K) <= per_lane)
         return gemm_packed::bf16_pairs_gemm(ta, tb, rows, cols, K, alpha, ta == Transpose::no ? A + r0 * lda : A + r0,
                                             lda, tb == Transpose::no ? B + c0 : B + c0 * ldb, ldb, beta,
@@ -363,19 +377,25 @@ void set_cpu_gemm_kernel(GemmKernel k) {
 #define MG_STR2(x) #x
 #define MG_STR(x) MG_STR2(x)
 const char* cpu_gemm_backend() {
-  static const std::array<std::string, 4> names = [] {  // one per kernel: the kernel may be switched
+  // One name per kernel and 16-bit path (the kernel may be switched, AMX turned off by tests).
+  enum Bf16Path { kConverted, kVdpbf16ps, kAmx };
+  static const std::array<std::array<std::string, 3>, 4> names = [] {
     const std::string eigen = "Eigen " MG_STR(EIGEN_WORLD_VERSION) "." MG_STR(EIGEN_MAJOR_VERSION) "." MG_STR(
         EIGEN_MINOR_VERSION);
     const std::string grid = " (single-threaded products on a fixed tile grid, run by memgrad's OpenMP threads)";
-    std::array<std::string, 4> n;
+    const std::array<std::string, 3> bf16 = {"; bf16/f16 tiles converted to f32", "; bf16 tiles on vdpbf16ps",
+                                             "; bf16 tiles on AMX (TDPBF16PS)"};
+    std::array<std::array<std::string, 3>, 4> n;
     for (GemmKernel k : {GemmKernel::eigen, GemmKernel::scalar, GemmKernel::avx2, GemmKernel::avx512})
-      n[size_t(k)] = (k == GemmKernel::eigen ? eigen + " for f32 and f64"
-                                             : std::string("memgrad packed f32 GEMM (") + gemm_kernel_name(k) +
-                                                   " kernels, Eigen's summation order), " + eigen + " for f64") +
-                     grid;
+      for (int p = kConverted; p <= kAmx; ++p)
+        n[size_t(k)][p] = (k == GemmKernel::eigen ? eigen + " for f32 and f64"
+                                                  : std::string("memgrad packed f32 GEMM (") + gemm_kernel_name(k) +
+                                                        " kernels, Eigen's summation order), " + eigen + " for f64") +
+                          bf16[p] + grid;
     return n;
   }();
-  return names[size_t(cpu_gemm_kernel())].c_str();
+  const int path = native_amx() ? kAmx : native_bf16() ? kVdpbf16ps : kConverted;
+  return names[size_t(cpu_gemm_kernel())][path].c_str();
 }
 #undef MG_STR
 #undef MG_STR2

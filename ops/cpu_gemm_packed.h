@@ -130,4 +130,15 @@ void bf16_pairs_gemm(Transpose ta, Transpose tb, int64_t rows, int64_t cols, int
                      const BFloat16* A, int64_t lda, const BFloat16* B, int64_t ldb, float beta, BFloat16* C,
                      int64_t ldc, float* ws);
 
+// The same bf16 tiles on AMX (ops/cpu_gemm_amx.cpp), in `ws` of at least
+// amx_bf16_workspace_floats(rows, cols, K) floats. Supported where the CPU has AMX-BF16 and the
+// OS grants the tile registers (asked once); set_amx_bf16_allowed(false) turns it off (tests,
+// MG_AMX=0) so that the vdpbf16ps path runs instead.
+bool amx_bf16_supported();
+void set_amx_bf16_allowed(bool on);
+int64_t amx_bf16_workspace_floats(int64_t rows, int64_t cols, int64_t K);
+void amx_bf16_gemm(Transpose ta, Transpose tb, int64_t rows, int64_t cols, int64_t K, float alpha,
+                   const BFloat16* A, int64_t lda, const BFloat16* B, int64_t ldb, float beta, BFloat16* C,
+                   int64_t ldc, float* ws);
+
 }  // namespace mg::gemm_packed
