@@ -268,6 +268,62 @@ TileGrid low_grid(int64_t M, int64_t N, int64_t K) {
 int64_t low_lanes(const TileGrid& g) { return std::min(kGemmLanes, g.tm * g.tn); }
 int64_t low_lane_floats(const TileGrid& g, int64_t K) { return g.rows * K + K * g.cols + g.rows * g.cols; }
 
+// Whether a 16-bit tile may run on the CPU's native bf16 instructions (AMX, vdpbf16ps): those
+// tiles read the 16-bit operands themselves, tile by tile.
+template <class H>
+bool native_16bit_tiles() {
+  return std::is_same_v<H, BFloat16> && (native_amx() || native_bf16());
+}
+
+// Copies of (rows, cols) matrices (row strides lds, ldd) between 16-bit and f32, all of them in one
+// parallel loop over their rows (one barrier, not one per matrix).
+template <class S, class D>
+struct RowCopy {
+  const S* src;
+  int64_t lds;
+  D* dst;
+  int64_t ldd, rows, cols;
+};
+template <class S, class D, size_t N>
+void convert_rows(const std::array<RowCopy<S, D>, N>& copies) {
+  int64_t total = 0;
+  for (const auto& c : copies) total += c.rows;
+  parallel_for(0, total, 16, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;  // the row index where copies[i] starts
+    for (const auto& c : copies) {
+      const int64_t r0 = std::max(begin, first) - first, r1 = std::min(end, first + c.rows) - first;
+      if (r0 < r1) convert_block(c.src + r0 * c.lds, c.lds, c.dst + r0 * c.ldd, c.ldd, r1 - r0, c.cols);
+      first += c.rows;
+    }
+  });
+}
+
+// The converting path when the whole product's f32 copies fit the workspace the tiles would use
+// (M K + K N + M N floats <= `floats`, true for most shapes: the 8 lanes' panels hold about as
+// much): op(A), op(B) and C converted once, then the f32 grid (gemm<float>), whose threads pack
+// shared rows and columns once for their tiles. Each tile gets the bits of its own serial product
+// on the same tile grid, as the per-tile conversion below gives them, but the operands are not
+// converted and packed again for every tile (gpt-small's bf16 GEMMs on the AVX2 kernels: 9% of
+// the step). False, doing nothing, when the copies do not fit.
+template <class H>
+bool whole_f32_product(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const H* A,
+                       int64_t lda, const H* B, int64_t ldb, float beta, H* C, int64_t ldc, float* workspace,
+                       int64_t floats) {
+  if (M * K + K * N + M * N > floats) return false;
+  float* a = workspace;
+  float* b = a + M * K;
+  float* c = b + K * N;
+  // Stored A is (M, K), or (K, M) for A^T; stored B (K, N), or (N, K) for B^T: copied as stored.
+  const int64_t a_rows = ta == Transpose::no ? M : K, a_cols = ta == Transpose::no ? K : M;
+  const int64_t b_rows = tb == Transpose::no ? K : N, b_cols = tb == Transpose::no ? N : K;
+  convert_rows(std::array<RowCopy<H, float>, 3>{{{A, lda, a, a_cols, a_rows, a_cols},
+                                                 {B, ldb, b, b_cols, b_rows, b_cols},
+                                                 {C, ldc, c, N, beta != 0.0f ? M : 0, N}}});
+  gemm<float>(ta, tb, M, N, K, alpha, a, a_cols, b, b_cols, beta, c, N);
+  convert_rows(std::array<RowCopy<float, H>, 1>{{{c, N, C, ldc, M, N}}});  // round on store
+  return true;
+}
+
 template <class H>
 void gemm_low(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float alpha, const H* A, int64_t lda,
               const H* B, int64_t ldb, float beta, H* C, int64_t ldc, float* workspace) {
@@ -284,6 +340,9 @@ void gemm_low(Transpose ta, Transpose tb, int64_t M, int64_t N, int64_t K, float
   MG_INTERNAL_ASSERT(workspace != nullptr, "cpu_gemm: the 16-bit product needs its workspace");
   const TileGrid g = low_grid(M, N, K);
   const int64_t lanes = low_lanes(g), per_lane = low_lane_floats(g, K);
+  if (!native_16bit_tiles<H>() && whole_f32_product(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc,
+                                               workspace, lanes * per_lane))
+    return;
   auto tile = [&](int64_t t, float* pa) {
     const int64_t r0 = (t / g.tn) * g.rows, c0 = (t % g.tn) * g.cols;
     const int64_t rows = std::min(g.rows, M - r0), cols = std::min(g.cols, N - c0);

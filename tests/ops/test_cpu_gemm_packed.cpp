@@ -170,6 +170,58 @@ TEST_CASE("the converting 16-bit GEMM gives the same bits with every f32 kernel"
   run(BFloat16(0.0f), {GemmKernel::eigen, GemmKernel::scalar, GemmKernel::avx2});
 }
 
+TEST_CASE("the converting 16-bit GEMM is the f32 GEMM of the converted operands, rounded", "[cpu_gemm]") {
+  // Tiled shapes: the whole product converted once when its copies fit the workspace, else tile by
+  // tile: either way each element has the bits of the f32 grid's.
+  KernelGuard guard;
+  set_cpu_gemm_kernel(GemmKernel::avx2);  // bf16 converts with every kernel but AVX-512's
+  if (!cpu_gemm_kernel_supported(GemmKernel::avx2)) set_cpu_gemm_kernel(GemmKernel::scalar);
+  const int saved_threads = num_threads();
+  std::mt19937 rng(23);
+  struct Shape {
+    int64_t M, N, K;
+  };
+  auto run = [&](auto zero, Shape s, Transpose ta, Transpose tb, float beta) {
+    using H = decltype(zero);
+    const int64_t lda = (ta == Transpose::no ? s.K : s.M) + 3, ldb = (tb == Transpose::no ? s.N : s.K) + 1;
+    const int64_t ldc = s.N + 2;
+    std::vector<H> a((ta == Transpose::no ? s.M : s.K) * lda), b((tb == Transpose::no ? s.K : s.N) * ldb), c0(s.M * ldc);
+    for (auto* v : {&a, &b, &c0})
+      for (H& x : *v) x = H(std::uniform_real_distribution<float>(-1, 1)(rng));
+    auto f32 = [](const std::vector<H>& v) {
+      std::vector<float> out(v.size());
+      for (size_t i = 0; i < v.size(); ++i) out[i] = float(v[i]);
+      return out;
+    };
+    std::vector<float> a32 = f32(a), b32 = f32(b), want32 = f32(c0);
+    cpu_gemm(ta, tb, s.M, s.N, s.K, 1.25f, a32.data(), lda, b32.data(), ldb, beta, want32.data(), ldc);
+    std::vector<float> ws(size_t(cpu_gemm_workspace_floats(s.M, s.N, s.K)));
+    for (int threads : {1, 2}) {
+      set_num_threads(threads);
+      std::vector<H> c = c0;
+      cpu_gemm(ta, tb, s.M, s.N, s.K, 1.25f, a.data(), lda, b.data(), ldb, beta, c.data(), ldc, ws.data());
+      int64_t differ = 0;
+      for (int64_t i = 0; i < s.M; ++i)
+        for (int64_t j = 0; j < s.N; ++j) {
+          const H want = H(want32[i * ldc + j]);
+          differ += std::memcmp(&want, &c[i * ldc + j], sizeof(H)) != 0;
+        }
+      INFO("M " << s.M << " N " << s.N << " K " << s.K << " beta " << beta << " threads " << threads);
+      CHECK(differ == 0);
+    }
+  };
+  for (Shape s : {Shape{300, 260, 200}, Shape{1024, 1024, 24}, Shape{40, 700, 90}})
+    for (Transpose ta : {Transpose::no, Transpose::yes})
+      for (Transpose tb : {Transpose::no, Transpose::yes}) {
+        const float beta = ta == tb ? 0.0f : 0.5f;
+        run(BFloat16(0.0f), s, ta, tb, beta);
+        run(Half(0.0f), s, ta, tb, beta);
+      }
+  // 4 x 4 tiles on 8 lanes hold less than the whole product's copies here: the tile-by-tile path.
+  run(BFloat16(0.0f), Shape{2048, 2048, 128}, Transpose::no, Transpose::yes, 0.5f);
+  set_num_threads(saved_threads);
+}
+
 TEST_CASE("GEMM kernel selection names the kernels and refuses what the CPU lacks", "[cpu_gemm]") {
   KernelGuard guard;
   CHECK(std::string(gemm_kernel_name(GemmKernel::avx512)) == "avx512");
