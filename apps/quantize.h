@@ -8,7 +8,8 @@
 // (config.json with a "quantized" section + model.int8.safetensors, quant_format.h).
 // qat: BatchNorm folded, fake-quant layers inserted, --qat-steps AdamW steps on the run's training
 // data (cosine from --qat-lr, the Trainer with --precision / --micro-batch / --checkpoint), then
-// converted to the same int8 layers PTQ makes, with the ranges the observers tracked.
+// converted to the same int8 layers PTQ makes, with the ranges the observers tracked;
+// --qat-scales learned trains the weight and input scales too (LSQ) and converts with those.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -25,6 +26,7 @@ struct QuantizeOptions {
   std::string observer{};          // minmax | ema | percentile | mse; "": minmax (ptq), ema (qat)
   int64_t qat_steps = 0;           // qat: fine-tuning steps, >= 1
   double qat_lr = 1e-4;            // qat: peak of the cosine schedule (AdamW, weight decay 0.01)
+  std::string qat_scales{};        // qat: observed | learned (models/compress/qat.h); "": observed
   TechniqueOptions techniques{};   // qat: checkpointing, precision, micro-batch of the fine-tuning
   std::string gpt_mode = "weight-only";  // gpt: weight-only | int8-outlier (int8_outlier_linear.h)
   double outlier_threshold = 6.0;  // gpt int8-outlier: |x| above this keeps a column in f32

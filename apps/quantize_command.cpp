@@ -1,4 +1,5 @@
-// `memgrad quantize --run DIR --mode ptq|qat [--calibrate N] [--qat-steps N] [--observer ...] --out DIR2`:
+// `memgrad quantize --run DIR --mode ptq|qat [--calibrate N] [--qat-steps N] [--qat-scales observed|learned]
+// [--observer ...] --out DIR2`:
 // apps/quantize.h behind the command line, the QAT fine-tuning loop, and the evaluation both
 // models go through (same batches, same timer).
 #include <CLI/CLI.hpp>
@@ -81,6 +82,14 @@ std::string observer_of(const QuantizeOptions& o) {
   return !o.observer.empty() ? o.observer : o.mode == "qat" ? "ema" : "minmax";
 }
 
+// --qat-scales, observed when not given.
+QatScales qat_scales_of(const QuantizeOptions& o) {
+  if (o.qat_scales.empty()) return QatScales::observed;
+  MG_CHECK(o.qat_scales == "observed" || o.qat_scales == "learned", kCmd, ": --qat-scales '", o.qat_scales,
+           "' is not supported (known: observed, learned)");
+  return parse_qat_scales(o.qat_scales);
+}
+
 void check_options(const QuantizeOptions& o) {
   MG_CHECK(!o.run.empty(), kCmd, ": --run is required");
   MG_CHECK(!o.out.empty(), kCmd, ": --out is required (a new run directory for the quantized model)");
@@ -90,10 +99,12 @@ void check_options(const QuantizeOptions& o) {
     MG_CHECK(o.calibrate >= 1, kCmd, ": --calibrate ", o.calibrate,
              ": post-training quantization needs at least one calibration batch to measure activation ranges");
     MG_CHECK(o.qat_steps == 0, kCmd, ": --qat-steps is for --mode qat (post-training quantization does not train)");
+    MG_CHECK(o.qat_scales.empty(), kCmd, ": --qat-scales is for --mode qat (post-training quantization learns no scales)");
   } else {
     MG_CHECK(o.qat_steps >= 1, kCmd, ": --mode qat needs --qat-steps N with N >= 1 (got ", o.qat_steps,
              "): the fine-tuning steps that also observe the activation ranges");
     MG_CHECK(o.qat_lr > 0 && std::isfinite(o.qat_lr), kCmd, ": --qat-lr must be positive, got ", o.qat_lr);
+    qat_scales_of(o);  // throws listing the names
     MG_CHECK(observer == ObserverKind::minmax || observer == ObserverKind::ema, kCmd, ": --observer ",
              observer_kind_name(observer), " is not available with --mode qat (known: minmax, ema)");
     MG_CHECK(o.techniques.precision != Precision::bf16_pure, kCmd,
@@ -111,7 +122,7 @@ void check_options(const QuantizeOptions& o) {
 // set (shuffled, epochs repeating); returns the first and last step's loss.
 std::pair<double, double> qat_finetune(MobileNetV2& model, const QuantizeOptions& o,
                                        const std::shared_ptr<const Dataset>& train, int64_t batch, Device dev) {
-  prepare_qat(model, {.observer = parse_observer_kind(observer_of(o))});
+  prepare_qat(model, {.observer = parse_observer_kind(observer_of(o)), .scales = qat_scales_of(o)});
   model.set_checkpoint(o.techniques.checkpoint);
   model.train();
   TrainOptions t;
@@ -187,6 +198,7 @@ QuantizeResult quantize_vision(const QuantizeOptions& o, const RunDir& run, cons
     std::tie(r.qat_first_loss, r.qat_last_loss) = qat_finetune(*model, o, data.train, batch, dev);
     calibration["qat_steps"] = o.qat_steps;
     calibration["qat_lr"] = o.qat_lr;
+    calibration["qat_scales"] = qat_scales_name(qat_scales_of(o));
     calibration["techniques"] = o.techniques.to_json();
     NoGradGuard ng;
     convert_qat(*model);
@@ -296,6 +308,9 @@ void add_quantize_command(CLI::App& app) {
                 "activation range observer: minmax, ema, percentile, mse (histogram, least quantization error) (default: minmax for ptq, ema for qat)");
   q->add_option("--qat-steps", o->qat_steps, "qat: fine-tuning steps on the run's training data");
   q->add_option("--qat-lr", o->qat_lr, "qat: peak learning rate (cosine schedule, AdamW)")->capture_default_str();
+  q->add_option("--qat-scales", o->qat_scales,
+                "qat: observed (weight max / 127 and the observer's input range, every step) or learned (LSQ: "
+                "trained from there) (default: observed)");
   q->add_option("--gpt-mode", o->gpt_mode,
                 "gpt: weight-only (int8 weights, f32 math) or int8-outlier (LLM.int8(): int8 GEMM, outlier columns in f32)")
       ->capture_default_str();
@@ -319,7 +334,8 @@ void add_quantize_command(CLI::App& app) {
     else if (r.model == "gpt")
       std::printf("  gpt mode weight-only\n");
     if (o->mode == "qat")
-      std::printf("  qat: %lld steps, loss %.4f -> %.4f\n", (long long)o->qat_steps, r.qat_first_loss, r.qat_last_loss);
+      std::printf("  qat: %lld steps, %s scales, loss %.4f -> %.4f\n", (long long)o->qat_steps,
+                  qat_scales_name(qat_scales_of(*o)), r.qat_first_loss, r.qat_last_loss);
     std::printf("  %-6s %-14s %-16s %s\n", "", r.metric.c_str(), "weight bytes", unit);
     auto row = [&](const char* name, double metric, int64_t bytes, double per_s) {
       if (acc) std::printf("  %-6s %13.2f%% %16lld %10.1f\n", name, 100 * metric, (long long)bytes, per_s);

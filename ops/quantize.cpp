@@ -14,13 +14,21 @@
 #include "ops/ops.h"
 
 namespace mg {
+namespace {
 
-Tensor per_channel_scales(const Tensor& w) {
-  MG_CHECK(w.defined() && is_floating(w.dtype()) && w.dim() >= 1 && w.size(0) > 0,
-           "per_channel_scales: expected a floating tensor (C, ...) with C > 0, got ",
+// w: (C, ...) floating with C > 0, on a cpu device (weights are quantized there, then moved).
+void check_weight(const char* op, const Tensor& w) {
+  MG_CHECK(w.defined() && is_floating(w.dtype()) && w.dim() >= 1 && w.size(0) > 0, op,
+           ": expected a floating tensor (C, ...) with C > 0, got ",
            w.defined() ? shape_str(w.shape()) : std::string("an undefined tensor"));
   MG_CHECK(!w.device().is_cuda(), "quantize_per_channel: weights are quantized on a cpu device (then the quantized ",
            "model moves with .to()), got a tensor on ", w.device().str());
+}
+
+}  // namespace
+
+Tensor per_channel_scales(const Tensor& w) {
+  check_weight("per_channel_scales", w);
   const int64_t C = w.size(0), inner = w.numel() / C;
   Tensor scales = empty({C}, {.dtype = DType::f32, .device = w.device()});
   if (w.is_meta()) return scales;
@@ -41,16 +49,27 @@ Tensor per_channel_scales(const Tensor& w) {
 }
 
 QuantizedChannels quantize_per_channel(const Tensor& w) {
-  MG_CHECK(w.defined() && is_floating(w.dtype()) && w.dim() >= 1 && w.size(0) > 0,
-           "quantize_per_channel: expected a floating tensor (C, ...) with C > 0, got ",
-           w.defined() ? shape_str(w.shape()) : std::string("an undefined tensor"));
+  check_weight("quantize_per_channel", w);
+  return quantize_per_channel(w, per_channel_scales(w));
+}
+
+QuantizedChannels quantize_per_channel(const Tensor& w, const Tensor& scales) {
+  check_weight("quantize_per_channel", w);
+  MG_CHECK(scales.defined() && scales.dtype() == DType::f32 && scales.dim() == 1 && scales.size(0) == w.size(0),
+           "quantize_per_channel: scales must be f32 (", w.size(0), "), got ",
+           scales.defined() ? shape_str(scales.shape()) : std::string("an undefined tensor"));
+  MG_CHECK(w.device() == scales.device(), "quantize_per_channel: weights on ", w.device().str(), ", scales on ",
+           scales.device().str());
   const int64_t C = w.size(0), inner = w.numel() / C;
-  QuantizedChannels out{empty(w.shape(), {.dtype = DType::i8, .device = w.device()}), per_channel_scales(w)};
+  QuantizedChannels out{empty(w.shape(), {.dtype = DType::i8, .device = w.device()}), contiguous(scales.detach())};
   if (w.is_meta()) return out;
+  const float* s = out.scales.data<float>();
+  for (int64_t c = 0; c < C; ++c)
+    MG_CHECK(std::isfinite(s[c]) && s[c] > 0, "quantize_per_channel: scale ", c, " is ", s[c],
+             " (must be positive and finite)");
   Tensor wf = contiguous(cast(w.detach(), DType::f32));
   const float* src = wf.data<float>();
   int8_t* q = out.values.data<int8_t>();
-  const float* s = out.scales.data<float>();
   parallel_for(0, C, 16, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c)
       for (int64_t i = 0; i < inner; ++i)

@@ -17,6 +17,9 @@ struct QuantizedChannels {
 
 // w: (C, ...) floating -> values i8 (C, ...), scales (C). A channel of zeros gets scale 1.
 QuantizedChannels quantize_per_channel(const Tensor& w);
+// The same with given scales (C) f32, positive and finite (QAT's learned ones, models/compress/qat.h):
+// values clamp(nearbyint(w / s_c), -127, 127), the rounding of fake_quantize_per_channel.
+QuantizedChannels quantize_per_channel(const Tensor& w, const Tensor& scales);
 // w: (C, ...) floating -> (C) f32: max_i |w[c, i]| / 127 (1 for a channel of zeros), the scales
 // quantize_per_channel uses. Non-finite values are an error.
 Tensor per_channel_scales(const Tensor& w);

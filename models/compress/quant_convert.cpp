@@ -66,6 +66,7 @@ ConvertCounts convert(Module& root, bool calibrated) {
     for (size_t i = 0; i < s->size(); ++i) {
       std::shared_ptr<UnaryModule> layer = (*s)[i];
       ActivationQParams q;
+      Tensor weight_scales;  // undefined: max|w_c| / 127
       if (auto* observed = dynamic_cast<ObservedLayer*>(layer.get())) {
         if (observed->takes_int8_input()) {
           MG_CHECK(observed->observed_batches() > 0, "convert_ptq: layer '", child_path(name, i), "' (",
@@ -73,6 +74,7 @@ ConvertCounts convert(Module& root, bool calibrated) {
                    "  hint: run at least one batch through the model after prepare_ptq (a training step after prepare_qat)");
           q = observed->input_qparams();
         }
+        weight_scales = observed->weight_scales();
         layer = observed->float_layer();
       } else if (calibrated) {
         MG_CHECK(!runs_int8(*layer), "convert_ptq: layer '",
@@ -81,18 +83,18 @@ ConvertCounts convert(Module& root, bool calibrated) {
       }
       if (auto* c = dynamic_cast<Conv2d*>(layer.get())) {
         std::shared_ptr<Int8ConvBase> qc;
-        if (Int8Conv2d::supports(*c)) qc = Int8Conv2d::from_float(*c, q);
-        else if (Int8DepthwiseConv2d::supports(*c)) qc = Int8DepthwiseConv2d::from_float(*c, q);
+        if (Int8Conv2d::supports(*c)) qc = Int8Conv2d::from_float(*c, q, weight_scales);
+        else if (Int8DepthwiseConv2d::supports(*c)) qc = Int8DepthwiseConv2d::from_float(*c, q, weight_scales);
         if (qc) {
           s->replace(i, qc);
           n.fused_relu6 += fuse_relu6(*s, i, *qc);
           ++n.int8;
         } else {
-          s->replace(i, Int8WeightOnlyConv2d::from_float(*c));
+          s->replace(i, Int8WeightOnlyConv2d::from_float(*c, weight_scales));
           ++n.weight_only;
         }
       } else if (auto* l = dynamic_cast<Linear*>(layer.get()); l && layer->type_name() == "Linear") {
-        s->replace(i, Int8Linear::from_float(*l, q));
+        s->replace(i, Int8Linear::from_float(*l, q, weight_scales));
         ++n.int8;
       }
     }

@@ -21,7 +21,8 @@ namespace mg {
 
 // A float layer wrapped by a pass that observes it (a PTQ calibration probe, a QAT fake-quant
 // layer, models/compress/qat.h): convert_ptq swaps the wrapper for the int8 layer of float_layer(),
-// with input_qparams() as its activation quantization when takes_int8_input().
+// with input_qparams() as its activation quantization when takes_int8_input(), its weights
+// quantized with weight_scales().
 class ObservedLayer : public UnaryModule {
  public:
   using UnaryModule::UnaryModule;
@@ -29,6 +30,8 @@ class ObservedLayer : public UnaryModule {
   virtual bool takes_int8_input() const = 0;
   virtual int64_t observed_batches() const = 0;
   virtual ActivationQParams input_qparams() const = 0;
+  // (Cout) f32: the per-channel weight scales QAT learned; undefined (the default): max|w_c| / 127.
+  virtual Tensor weight_scales() const { return {}; }
 };
 
 // Whether convert_ptq makes `layer` full int8 (its input quantized): a 1x1 stride-1 ungrouped

@@ -18,8 +18,10 @@ bool same_memory(Device a, Device b) { return a == b || (a.is_cpu() && b.is_cpu(
 
 Tensor zeros_on(const Shape& s, DType dt, Device d) { return zeros(s, {.dtype = dt, .device = d}); }
 
-// Fresh buffers holding copies (quantize_per_channel's outputs are activation memory).
-void set_weights(Module& m, Tensor& q_member, Tensor& s_member, const QuantizedChannels& q) {
+// The buffers get copies (quantize_per_channel's outputs are activation memory) of w quantized with
+// `scales`, or with max|w_c| / 127 when undefined.
+void set_weights(Tensor& q_member, Tensor& s_member, const Tensor& w, const Tensor& scales) {
+  const QuantizedChannels q = scales.defined() ? quantize_per_channel(w, scales) : quantize_per_channel(w);
   copy_(q_member, q.values);
   copy_(s_member, q.scales);
 }
@@ -80,7 +82,7 @@ std::shared_ptr<Int8WeightOnlyLinear> Int8WeightOnlyLinear::from_float(const Lin
   auto m = std::make_shared<Int8WeightOnlyLinear>(src.in_features, src.out_features, src.bias.defined(),
                                                   src.weight.device());
   NoGradGuard ng;
-  set_weights(*m, m->weight_int8, m->weight_scale, quantize_per_channel(src.weight));
+  set_weights(m->weight_int8, m->weight_scale, src.weight, Tensor());
   if (src.bias.defined()) copy_(m->bias, src.bias);
   return m;
 }
@@ -102,10 +104,11 @@ Int8Linear::Int8Linear(int64_t in, int64_t out, bool with_bias, Device device) :
   input.init(*this, {}, device);
 }
 
-std::shared_ptr<Int8Linear> Int8Linear::from_float(const Linear& src, ActivationQParams in_q) {
+std::shared_ptr<Int8Linear> Int8Linear::from_float(const Linear& src, ActivationQParams in_q,
+                                                   const Tensor& weight_scales) {
   auto m = std::make_shared<Int8Linear>(src.in_features, src.out_features, src.bias.defined(), src.weight.device());
   NoGradGuard ng;
-  set_weights(*m, m->weight_int8, m->weight_scale, quantize_per_channel(src.weight));
+  set_weights(m->weight_int8, m->weight_scale, src.weight, weight_scales);
   if (src.bias.defined()) copy_(m->bias, src.bias);
   fill_(m->input.scale, in_q.scale);
   fill_(m->input.zero_point, in_q.zero_point);
@@ -174,9 +177,9 @@ Requant Int8ConvBase::requant() const {
   return q;
 }
 
-void Int8ConvBase::set_from(const Conv2d& src, ActivationQParams in_q) {
+void Int8ConvBase::set_from(const Conv2d& src, ActivationQParams in_q, const Tensor& weight_scales) {
   NoGradGuard ng;
-  set_weights(*this, weight_int8, weight_scale, quantize_per_channel(src.weight));
+  set_weights(weight_int8, weight_scale, src.weight, weight_scales);
   if (src.bias.defined()) copy_(bias, src.bias);
   fill_(input.scale, in_q.scale);
   fill_(input.zero_point, in_q.zero_point);
@@ -191,11 +194,11 @@ bool Int8Conv2d::supports(const Conv2d& c) {
   return c.kernel_size == 1 && c.params.stride == 1 && c.params.padding == 0 && c.params.groups == 1;
 }
 
-std::shared_ptr<Int8Conv2d> Int8Conv2d::from_float(const Conv2d& src, ActivationQParams in_q) {
+std::shared_ptr<Int8Conv2d> Int8Conv2d::from_float(const Conv2d& src, ActivationQParams in_q, const Tensor& weight_scales) {
   MG_CHECK(supports(src), "Int8Conv2d: only 1x1, stride 1, padding 0, ungrouped convolutions run on the int8 GEMM; got ",
            src.kernel_size, "x", src.kernel_size, " stride ", src.params.stride, " groups ", src.params.groups);
   auto m = std::make_shared<Int8Conv2d>(src.in_channels, src.out_channels, src.bias.defined(), src.weight.device());
-  m->set_from(src, in_q);
+  m->set_from(src, in_q, weight_scales);
   return m;
 }
 
@@ -243,12 +246,13 @@ bool Int8DepthwiseConv2d::supports(const Conv2d& c) {
   return c.params.groups == c.in_channels && c.in_channels == c.out_channels;
 }
 
-std::shared_ptr<Int8DepthwiseConv2d> Int8DepthwiseConv2d::from_float(const Conv2d& src, ActivationQParams in_q) {
+std::shared_ptr<Int8DepthwiseConv2d> Int8DepthwiseConv2d::from_float(const Conv2d& src, ActivationQParams in_q,
+                                                                     const Tensor& weight_scales) {
   MG_CHECK(supports(src), "Int8DepthwiseConv2d: needs groups == in == out channels, got groups ", src.params.groups,
            " in ", src.in_channels, " out ", src.out_channels);
   auto m = std::make_shared<Int8DepthwiseConv2d>(src.in_channels, src.kernel_size, src.params, src.bias.defined(),
                                                  src.weight.device());
-  m->set_from(src, in_q);
+  m->set_from(src, in_q, weight_scales);
   return m;
 }
 
@@ -283,11 +287,11 @@ Int8WeightOnlyConv2d::Int8WeightOnlyConv2d(int64_t in, int64_t out, int64_t k, C
   if (with_bias) bias = register_buffer("bias", zeros_on({out}, DType::f32, device));
 }
 
-std::shared_ptr<Int8WeightOnlyConv2d> Int8WeightOnlyConv2d::from_float(const Conv2d& src) {
+std::shared_ptr<Int8WeightOnlyConv2d> Int8WeightOnlyConv2d::from_float(const Conv2d& src, const Tensor& weight_scales) {
   auto m = std::make_shared<Int8WeightOnlyConv2d>(src.in_channels, src.out_channels, src.kernel_size, src.params,
                                                   src.bias.defined(), src.weight.device());
   NoGradGuard ng;
-  set_weights(*m, m->weight_int8, m->weight_scale, quantize_per_channel(src.weight));
+  set_weights(m->weight_int8, m->weight_scale, src.weight, weight_scales);
   if (src.bias.defined()) copy_(m->bias, src.bias);
   return m;
 }

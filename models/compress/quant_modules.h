@@ -1,6 +1,7 @@
 // Quantized layers for inference (built by models/compress/quant_convert.h, loaded by
 // quant_format.h). Weights are int8 symmetric per output channel (buffers weight_int8 i8 and
-// weight_scale f32), biases f32. Two kinds:
+// weight_scale f32; from_float takes the scales QAT learned, or max|w_c| / 127 when given none),
+// biases f32. Two kinds:
 // - weight-only (Int8WeightOnlyLinear, Int8WeightOnlyConv2d): int8 storage, dequantized into a
 //   workspace tensor per forward and multiplied in f32 (GPT's Linears, 3x3 and depthwise convs);
 // - full int8 (Int8Linear, Int8Conv2d 1x1, Int8DepthwiseConv2d): activations quantized to u8 with
@@ -50,7 +51,8 @@ struct Int8Input {
 class Int8Linear : public Linear {
  public:
   Int8Linear(int64_t in, int64_t out, bool bias, Device device);
-  static std::shared_ptr<Int8Linear> from_float(const Linear& src, ActivationQParams input);
+  static std::shared_ptr<Int8Linear> from_float(const Linear& src, ActivationQParams input,
+                                                const Tensor& weight_scales = {});
   Tensor forward(const Tensor& x) override;
   Tensor weight_int8, weight_scale;
   Int8Input input;
@@ -82,8 +84,9 @@ class Int8ConvBase : public UnaryModule {
   // The output tensor (f32, or u8 when linked) and the epilogue's clamp and output quantization.
   Tensor empty_output(const Shape& shape, Device device) const;
   Requant requant() const;
-  // Copies the quantized weights and bias of `src` and the input quantization.
-  void set_from(const Conv2d& src, ActivationQParams in_q);
+  // Copies the quantized weights (with weight_scales, or max|w_c| / 127 when undefined) and bias of
+  // `src` and the input quantization.
+  void set_from(const Conv2d& src, ActivationQParams in_q, const Tensor& weight_scales);
 
  private:
   const Int8Input* next_input_ = nullptr;
@@ -95,7 +98,8 @@ class Int8Conv2d : public Int8ConvBase {
  public:
   Int8Conv2d(int64_t in_channels, int64_t out_channels, bool bias, Device device);
   // src must be 1x1, stride 1, padding 0, groups 1.
-  static std::shared_ptr<Int8Conv2d> from_float(const Conv2d& src, ActivationQParams input);
+  static std::shared_ptr<Int8Conv2d> from_float(const Conv2d& src, ActivationQParams input,
+                                                const Tensor& weight_scales = {});
   static bool supports(const Conv2d& c);
   Tensor forward(const Tensor& x) override;
 
@@ -109,7 +113,8 @@ class Int8Conv2d : public Int8ConvBase {
 class Int8DepthwiseConv2d : public Int8ConvBase {
  public:
   Int8DepthwiseConv2d(int64_t channels, int64_t kernel_size, Conv2dParams params, bool bias, Device device);
-  static std::shared_ptr<Int8DepthwiseConv2d> from_float(const Conv2d& src, ActivationQParams input);
+  static std::shared_ptr<Int8DepthwiseConv2d> from_float(const Conv2d& src, ActivationQParams input,
+                                                         const Tensor& weight_scales = {});
   static bool supports(const Conv2d& c);  // groups == in == out channels
   Tensor forward(const Tensor& x) override;
   int64_t kernel_size;
@@ -121,7 +126,7 @@ class Int8WeightOnlyConv2d : public UnaryModule {
  public:
   Int8WeightOnlyConv2d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv2dParams params, bool bias,
                        Device device);
-  static std::shared_ptr<Int8WeightOnlyConv2d> from_float(const Conv2d& src);
+  static std::shared_ptr<Int8WeightOnlyConv2d> from_float(const Conv2d& src, const Tensor& weight_scales = {});
   Tensor forward(const Tensor& x) override;
   int64_t in_channels, out_channels, kernel_size;
   Conv2dParams params;

@@ -1,8 +1,8 @@
 // `memgrad quantize` as a library call on tiny runs: a vision run quantized with PTQ (weight bytes
 // smaller, accuracy and throughput reported, the file loads back into a model that reproduces
-// the reported accuracy's predictions), a gpt run weight-only (val loss close to fp32), and the
-// bad inputs: an already quantized run, zero calibration batches, an unknown observer or mode,
-// an existing --out, a corrupt quantized file.
+// the reported accuracy's predictions), a gpt run weight-only (val loss close to fp32), QAT with
+// observed and learned scales, and the bad inputs: an already quantized run, zero calibration
+// batches, an unknown observer, mode or --qat-scales, an existing --out, a corrupt quantized file.
 #include <catch2/catch.hpp>
 #include <CLI/CLI.hpp>
 #include <cmath>
@@ -96,7 +96,26 @@ TEST_CASE("quantize --mode qat: fine-tunes, converts, evaluates; bad flags", "[a
   CHECK(e.accuracy == Approx(r.int8_metric));
   CHECK(e.weight_bytes == r.int8_weight_bytes);
   CHECK(e.fp32_weight_bytes == r.fp32_weight_bytes);
+  CHECK(l.info.calibration.at("qat_scales") == "observed");  // the default
 
+  // --qat-scales learned (LSQ), from the command line: recorded in the file and the run's config
+  CLI::App app{"memgrad"};
+  add_quantize_command(app);
+  std::vector<std::string> args = {"quantize", "--run", tmp.file("fp32"), "--out", tmp.file("lsq"), "--mode", "qat",
+                                   "--qat-steps", "2", "--qat-scales", "learned"};
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  app.parse(reversed);
+  CHECK(load_quantized(tmp.file("lsq/") + kQuantizedModelFile).info.calibration.at("qat_scales") == "learned");
+  CHECK(RunDir(tmp.file("lsq")).read_config().at("quantized").at("calibration").at("qat_scales") == "learned");
+  const VisionEvalResult el = vision_eval({.run = tmp.file("lsq")});
+  CHECK(el.scheme == "int8_qat");
+  CHECK((el.accuracy >= 0 && el.accuracy <= 1));
+
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat", .qat_steps = 1,
+                                  .qat_scales = "lsq"}),
+                    Catch::Contains("--qat-scales 'lsq' is not supported (known: observed, learned)"));
+  CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .qat_scales = "learned"}),
+                    Catch::Contains("--qat-scales is for --mode qat"));
   CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat"}),
                     Catch::Contains("--mode qat needs --qat-steps N with N >= 1"));
   CHECK_THROWS_WITH(quantize_run({.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = "qat", .observer = "percentile",
