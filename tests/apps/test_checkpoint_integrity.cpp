@@ -107,7 +107,7 @@ TEST_CASE("checkpoint integrity: single-bit flips in every file are detected or 
   REQUIRE(resume() == want);
 }
 
-TEST_CASE("checkpoint integrity: state.json carries a checksum; an edited one is refused, an old one loads",
+TEST_CASE("checkpoint integrity: state.json carries a checksum, an edited one is refused, an old one loads",
           "[apps][checksum]") {
   DataTempDir tmp("statesum");
   RunDir run(tmp.file("run"));

@@ -298,7 +298,7 @@ TEST_CASE("gpt train --init-from a Hugging Face GPT-2 file, gpt eval and top-p s
   CHECK_THROWS_WITH(gpt_train(o), Catch::Contains("--init-from") && Catch::Contains("is not a file"));
 }
 
-TEST_CASE("gpt sample: top-p keeps the nucleus; a tiny p is greedy", "[apps]") {
+TEST_CASE("gpt sample: top-p keeps the nucleus, a tiny p is greedy", "[apps]") {
   DataTempDir tmp("gpt_top_p");
   GptTrainOptions o = tiny_options(write_tiny_token_file(tmp), tmp.file("run"));
   o.steps = 2;

@@ -120,7 +120,7 @@ TEST_CASE("memory.html of a split run: a timeline per device, each peaking at it
   CHECK_THROWS_WITH(run_memory_report(r.run_dir), Catch::Contains("device_peaks.json is malformed"));
 }
 
-TEST_CASE("memory.html of a pipelined run: each device's strip shows its own stage's phases; one device unchanged",
+TEST_CASE("memory.html of a pipelined run: each device's strip shows its own stage's phases, one device unchanged",
           "[apps][parallel][profiler][report]") {
   DataTempDir tmp("mp_report_pipe");
   const std::string data = write_tiny_token_file(tmp);

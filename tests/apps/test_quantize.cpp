@@ -69,7 +69,7 @@ TEST_CASE("quantize: a vision run with PTQ, then the bad inputs", "[apps][quant]
   CHECK(fs::exists(tmp.file("cli/") + kQuantizedModelFile));
 }
 
-TEST_CASE("quantize --mode qat: fine-tunes, converts, evaluates; bad flags", "[apps][quant][qat]") {
+TEST_CASE("quantize --mode qat: fine-tunes, converts, evaluates, bad flags", "[apps][quant][qat]") {
   DataTempDir tmp("quantize_qat");
   const std::string images = write_tiny_image_folder(tmp, 20);
   VisionTrainOptions t;

@@ -93,7 +93,7 @@ TEST_CASE("autocast: GEMM ops run in the low type, softmax, layer norm, losses a
   CHECK(linear(rand_tensor({2, 4}, 10, DType::f32), rand_tensor({3, 4}, 11, DType::f32)).dtype() == DType::f32);
 }
 
-TEST_CASE("autocast: f32 parameters get f32 gradients close to fp32's; backward runs without autocast") {
+TEST_CASE("autocast: f32 parameters get f32 gradients close to fp32's, backward runs without autocast") {
   // A small MLP with a layer norm and a cross-entropy loss: the same parameters, once in fp32 and
   // once under autocast; the gradients must be f32 and agree within the 16-bit rounding.
   auto run = [](std::optional<DType> low, std::vector<Tensor>& grads) {

@@ -68,7 +68,7 @@ double max_rel_diff(const std::vector<double>& a, const std::vector<double>& b) 
 
 }  // namespace
 
-TEST_CASE("Int8OutlierLinear equals the reference decomposition; thresholds 0 and inf", "[quant][outlier]") {
+TEST_CASE("Int8OutlierLinear equals the reference decomposition, thresholds 0 and inf", "[quant][outlier]") {
   Generator g(3);
   Linear lin(16, 8, true, {.gen = &g});
   const Tensor x = outlier_input();

@@ -69,7 +69,7 @@ TEST_CASE("prune: magnitude masks remove the smallest weights, per layer or glob
   CHECK_THROWS_WITH(MagnitudeMask(model, 1.0, scope), Catch::Contains("--amount must be in [0, 1)"));
 }
 
-TEST_CASE("prune: masks keep pruned weights at zero through optimizer steps; their bytes are counted", "[prune]") {
+TEST_CASE("prune: masks keep pruned weights at zero through optimizer steps, their bytes are counted", "[prune]") {
   const Device dev("cpu:15");
   GPT model(tiny_gpt(), {.device = dev});
   const int64_t other_before = memory_stats(dev).category(MemoryCategory::other).current;

@@ -79,7 +79,7 @@ void train_steps(MobileNetV2& net, int64_t steps, TrainerOptions topt, int64_t b
 
 }  // namespace
 
-TEST_CASE("QAT: prepare, train with the Trainer, convert; int8 output equals the fake-quant output", "[quant][qat]") {
+TEST_CASE("QAT: prepare, train with the Trainer, convert, int8 output equals the fake-quant output", "[quant][qat]") {
   auto net = folded_net();
   int64_t convs = 0, pointwise = 0;
   for (auto& [name, m] : net->named_modules())

@@ -66,7 +66,7 @@ TEST_CASE("gpt train --ddp: the losses of one process on the global batch", "[mp
   }
 }
 
-TEST_CASE("gpt train --ddp: gpt-mini's losses of one process (DDP; ZeRO-1 with accumulation)", "[mpi]") {
+TEST_CASE("gpt train --ddp: gpt-mini's losses of one process (DDP, ZeRO-1 with accumulation)", "[mpi]") {
   test::DataTempDir tmp("ddp_gpt_mini");
   GptTrainOptions o;
   o.config = "gpt-mini";
@@ -179,7 +179,7 @@ TEST_CASE("bench --ddp: every rank's memory and the collectives' time", "[mpi]")
 
 namespace mg {
 
-TEST_CASE("gpt train --ddp --zero 2: an interrupted and resumed run equals the uninterrupted one; the checkpoint "
+TEST_CASE("gpt train --ddp --zero 2: an interrupted and resumed run equals the uninterrupted one, the checkpoint "
           "is a whole optimizer state", "[mpi]") {
   test::DataTempDir tmp("ddp_resume");
   // Every rank resumes from rank 0's run directory.

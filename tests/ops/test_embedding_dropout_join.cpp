@@ -169,7 +169,7 @@ TEST_CASE("dropout backward recomputes the mask and saves nothing", "[dropout]")
   check_gradcheck(drop, {leaf(rand_tensor({5, 6}, 3))});
 }
 
-TEST_CASE("dropout in f16 and bf16 draws the f32 mask; meta advances the generator", "[dropout]") {
+TEST_CASE("dropout in f16 and bf16 draws the f32 mask, meta advances the generator", "[dropout]") {
   Tensor x = rand_tensor({64}, 1, DType::f32, 0.5, 1.5);
   Generator g32(5);
   Tensor ref = dropout(x, 0.2, true, &g32);

@@ -59,7 +59,7 @@ TEST_CASE("linear_cross_entropy passes gradcheck", "[loss]") {
       {leaf(rand_tensor({5, 3}, 1)), leaf(rand_tensor({7, 3}, 2))});
 }
 
-TEST_CASE("linear_cross_entropy never holds the logits whole; meta gives the same peak", "[loss][meta]") {
+TEST_CASE("linear_cross_entropy never holds the logits whole, meta gives the same peak", "[loss][meta]") {
   const int64_t N = 2048, C = 16, V = 4096;  // logits 32 MiB; a chunk is 256 rows, 4 MiB
   auto peak = [&](bool fused, Device dev) {
     Tensor h = leaf(empty({N, C}, {.device = dev})), w = leaf(empty({V, C}, {.device = dev}));

@@ -190,7 +190,7 @@ TEST_CASE("batch_norm passes gradcheck for x, weight and bias in training and ev
                    {xp, w, b});
 }
 
-TEST_CASE("batch_norm training with running stats still differentiates; version guards them", "[norm]") {
+TEST_CASE("batch_norm training with running stats still differentiates, version guards them", "[norm]") {
   Tensor x = leaf(uniform({4, 3}, 30));
   Tensor rm = zeros({3}, {.dtype = DType::f64}), rv = ones({3}, {.dtype = DType::f64});
   Tensor y = batch_norm(x, rm, rv, Tensor(), Tensor(), true);

@@ -61,7 +61,7 @@ TEST_CASE("sparse gemm: every path equals the scalar reference and the dense lin
   CHECK(all_close(y3.to_double_vector(), linear(x3, w).to_double_vector(), 1e-5, 1e-5));
 }
 
-TEST_CASE("sparse gemm: the best path is one this CPU runs; bad operands are clear errors", "[prune][sparse]") {
+TEST_CASE("sparse gemm: the best path is one this CPU runs, bad operands are clear errors", "[prune][sparse]") {
   CHECK(sparse_gemm_path_supported(sparse_gemm_best_path()));
   CHECK(sparse_gemm_path_supported(SparseGemmPath::scalar));
   std::printf("sparse gemm path on this CPU: %s\n", sparse_gemm_path_name(sparse_gemm_best_path()));

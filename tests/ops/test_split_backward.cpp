@@ -15,7 +15,7 @@ using test::check_values;
 using test::leaf;
 using test::rand_tensor;
 
-TEST_CASE("split's parts share one SplitBackward; an unused part gets zeros", "[join]") {
+TEST_CASE("split's parts share one SplitBackward, an unused part gets zeros", "[join]") {
   Tensor x = leaf(rand_tensor({2, 3, 7}, 5));
   std::vector<Tensor> parts = split(x, 3, 2);  // (2, 3, 3), (2, 3, 3), (2, 3, 1)
   REQUIRE(parts.size() == 3);

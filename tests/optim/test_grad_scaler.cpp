@@ -44,7 +44,7 @@ TEST_CASE("grad scaler: scale, unscale once, step") {
   CHECK(scaler.growth_tracker() == 1);
 }
 
-TEST_CASE("grad scaler: inf or NaN skips the step and halves the scale; growth after the interval") {
+TEST_CASE("grad scaler: inf or NaN skips the step and halves the scale, growth after the interval") {
   for (double bad : {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
     Tensor p = param_with_grad({1.0, 2.0}, {1.0, bad});
     Tensor q = param_with_grad({3.0}, {1.0});

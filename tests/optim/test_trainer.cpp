@@ -211,7 +211,7 @@ TEST_CASE("auto-fit halves the micro-batch after an OutOfMemoryError and retries
   CHECK(params == params_ref);
 }
 
-TEST_CASE("out of memory: without auto-fit the error propagates and nothing changes; micro-batch 1 too big stops") {
+TEST_CASE("out of memory: without auto-fit the error propagates and nothing changes, micro-batch 1 too big stops") {
   const Device dev{DeviceType::cpu, 8};
   // One example's MLP hidden activation (1, 256, 4 x 256) f32 is 1 MiB: a large-pool block that
   // needs a segment of its own, so even micro-batch 1 cannot fit under a budget that allows no new one.
