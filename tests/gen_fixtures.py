@@ -8,13 +8,13 @@ same op in memgrad on the same inputs and compares. Run by hand when cases chang
     OMP_NUM_THREADS=2 /usr/bin/python3 tests/gen_fixtures.py
 (Debian's python3-torch). The test suite itself needs no Python.
 """
-import json
 import math
 import os
-import struct
 
 import torch
 import torch.nn.functional as F
+
+from safetensors_writer import write_safetensors  # tests/safetensors_writer.py
 
 torch.manual_seed(20261202)
 torch.set_default_dtype(torch.float64)
@@ -97,28 +97,9 @@ case("attention_causal", causal_attention,
 case("cat_dim1", lambda a, b: torch.cat([a, b], dim=1), [rnd(2, 3, 4), rnd(2, 5, 4)])
 case("stack_dim0", lambda a, b: torch.stack([a, b], dim=0), [rnd(3, 4), rnd(3, 4)])
 
-DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.int64: "I64"}
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        t = t.contiguous()
-        data = t.numpy().tobytes()
-        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header["__metadata__"] = {"generator": "tests/gen_fixtures.py", "torch": torch.__version__}
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
 
 
 flat = {f"{c}.{k}": v for c, entry in cases.items() for k, v in entry.items()}
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "ops.safetensors")
-write_safetensors(out, flat)
+write_safetensors(out, flat, "tests/gen_fixtures.py")
 print(f"wrote {len(cases)} cases, {len(flat)} tensors to {out}")

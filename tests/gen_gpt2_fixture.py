@@ -10,37 +10,18 @@ older checkpoints carry, f32 like the published files. And tests/fixtures/gpt2_h
 checkpoint (with and without the "transformer." prefix) and compares. Run by hand:
     OMP_NUM_THREADS=2 /usr/bin/python3 tests/gen_gpt2_fixture.py
 """
-import json
 import math
 import os
-import struct
 
 import torch
 import torch.nn.functional as F
 
+from safetensors_writer import write_safetensors  # tests/safetensors_writer.py
+
 torch.manual_seed(20261208)
 HERE = os.path.dirname(os.path.abspath(__file__))
-DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.int64: "I64"}
 V, CTX, NL, NH, C = 100, 32, 2, 2, 32  # vocab 100 is padded to 128 rows in memgrad
 B, T = 2, 12
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = t.detach().contiguous().numpy().tobytes()
-        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header["__metadata__"] = {"format": "pt", "generator": "tests/gen_gpt2_fixture.py", "torch": torch.__version__}
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-    print(f"wrote {len(tensors)} tensors to {path}")
 
 
 def rnd(*shape, lo=-1.0, hi=1.0):
@@ -84,7 +65,8 @@ def gpt2_forward(w, idx):
     return x @ g("wte.weight").T  # lm_head tied to wte
 
 
+GENERATOR = "tests/gen_gpt2_fixture.py"
 idx = torch.randint(0, V, (B, T))
-write_safetensors(os.path.join(HERE, "fixtures", "gpt2_hf_tiny.safetensors"), hf)
+write_safetensors(os.path.join(HERE, "fixtures", "gpt2_hf_tiny.safetensors"), hf, GENERATOR, {"format": "pt"})
 write_safetensors(os.path.join(HERE, "fixtures", "gpt2_hf_tiny_expected.safetensors"),
-                  {"idx": idx, "logits": gpt2_forward(hf, idx)})
+                  {"idx": idx, "logits": gpt2_forward(hf, idx)}, GENERATOR, {"format": "pt"})

@@ -16,38 +16,18 @@ compare. Run by hand when the cases change (the suite itself needs no Python):
 torch 1.13 (Debian's python3-torch): attention is written by hand, safetensors too, and the
 MobileNetV2 below mirrors torchvision/models/mobilenetv2.py (torchvision is not installed).
 """
-import json
 import math
 import os
-import struct
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from safetensors_writer import write_safetensors  # tests/safetensors_writer.py
+
 torch.manual_seed(20261207)
 torch.set_default_dtype(torch.float64)
 HERE = os.path.dirname(os.path.abspath(__file__))
-DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.int64: "I64"}
-
-
-def write_safetensors(path, tensors, generator):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        t = t.detach().contiguous()
-        data = t.numpy().tobytes()
-        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header["__metadata__"] = {"generator": generator, "torch": torch.__version__}
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-    print(f"wrote {len(tensors)} tensors to {path}")
 
 
 def rnd(*shape, lo=-1.0, hi=1.0):

@@ -10,12 +10,12 @@ Every case has values clamped below and above the range. Run by hand when cases 
     OMP_NUM_THREADS=2 /usr/bin/python3 tests/gen_quant_fixtures.py
 (Debian's python3-torch). The test suite itself needs no Python.
 """
-import json
 import math
 import os
-import struct
 
 import torch
+
+from safetensors_writer import write_safetensors  # tests/safetensors_writer.py
 
 torch.manual_seed(20260311)
 cases = {}
@@ -61,28 +61,9 @@ per_tensor("per_tensor_zp0", (2, 3, 6, 6), -0.5, 7.0, 6.0 / 255, 0)
 per_channel("per_channel_conv", (6, 3, 3, 3))
 per_channel("per_channel_linear", (5, 8))
 
-DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.int64: "I64"}
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        t = t.contiguous()
-        data = t.numpy().tobytes()
-        header[name] = {"dtype": DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    header["__metadata__"] = {"generator": "tests/gen_quant_fixtures.py", "torch": torch.__version__}
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * ((8 - len(h) % 8) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
 
 
 flat = {f"{c}.{k}": v for c, entry in cases.items() for k, v in entry.items()}
 out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "fake_quantize_learned.safetensors")
-write_safetensors(out, flat)
+write_safetensors(out, flat, "tests/gen_quant_fixtures.py")
 print(f"wrote {len(cases)} cases, {len(flat)} tensors to {out}")
