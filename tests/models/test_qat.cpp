@@ -77,6 +77,28 @@ void train_steps(MobileNetV2& net, int64_t steps, TrainerOptions topt, int64_t b
   }
 }
 
+// One training backward of a prepared net with and without block checkpointing: every gradient
+// (learned scales' included) must be bit-identical. Returns the checkpointed net.
+std::shared_ptr<MobileNetV2> check_checkpointed_gradients(QatOptions opt) {
+  auto plain = folded_net(), ckpt = folded_net();
+  prepare_qat(*plain, opt);
+  prepare_qat(*ckpt, opt);
+  ckpt->set_checkpoint(CheckpointPolicy::parse("blocks"));
+  Tensor x = images(2, 3), y = labels(2, 1);
+  for (auto* net : {plain.get(), ckpt.get()}) {
+    net->train();
+    backward(cross_entropy((*net)(x), y));
+  }
+  const auto gp = plain->named_parameters(), gc = ckpt->named_parameters();
+  REQUIRE(gp.size() == gc.size());
+  for (size_t i = 0; i < gp.size(); ++i) {
+    INFO(gp[i].first);
+    REQUIRE(gc[i].second.grad().defined());
+    CHECK(gp[i].second.grad().to_vector<float>() == gc[i].second.grad().to_vector<float>());
+  }
+  return ckpt;
+}
+
 }  // namespace
 
 TEST_CASE("QAT: prepare, train with the Trainer, convert, int8 output equals the fake-quant output", "[quant][qat]") {
@@ -121,22 +143,7 @@ TEST_CASE("QAT: prepare, train with the Trainer, convert, int8 output equals the
 }
 
 TEST_CASE("QAT with checkpointing (bit-identical gradients), autocast and accumulation", "[quant][qat]") {
-  auto plain = folded_net(), ckpt = folded_net();
-  prepare_qat(*plain);
-  prepare_qat(*ckpt);
-  ckpt->set_checkpoint(CheckpointPolicy::parse("blocks"));
-  Tensor x = images(2, 3), y = labels(2, 1);
-  for (auto* net : {plain.get(), ckpt.get()}) {
-    net->train();
-    backward(cross_entropy((*net)(x), y));
-  }
-  const auto gp = plain->named_parameters(), gc = ckpt->named_parameters();
-  REQUIRE(gp.size() == gc.size());
-  for (size_t i = 0; i < gp.size(); ++i) {
-    INFO(gp[i].first);
-    REQUIRE(gc[i].second.grad().defined());
-    CHECK(gp[i].second.grad().to_vector<float>() == gc[i].second.grad().to_vector<float>());
-  }
+  auto ckpt = check_checkpointed_gradients({});
   for_each_fake_quant(*ckpt, [](const std::string& name, FakeQuantLayer& fq) {
     INFO(name);
     if (fq.takes_int8_input()) CHECK(fq.observed_batches() == 1);  // not observed again by the recomputation
@@ -259,23 +266,7 @@ TEST_CASE("QAT learned scales: trained alone, they lower the quantization error"
 }
 
 TEST_CASE("QAT learned scales: Trainer, checkpointing, clamping, convert equality, saved state", "[quant][qat]") {
-  // checkpointed gradients (scales' included) are bit-identical to plain ones
-  auto plain = folded_net(), ckpt = folded_net();
-  prepare_qat(*plain, {.scales = QatScales::learned});
-  prepare_qat(*ckpt, {.scales = QatScales::learned});
-  ckpt->set_checkpoint(CheckpointPolicy::parse("blocks"));
-  Tensor x = images(2, 3), y = labels(2, 1);
-  for (auto* n : {plain.get(), ckpt.get()}) {
-    n->train();
-    backward(cross_entropy((*n)(x), y));
-  }
-  const auto gp = plain->named_parameters(), gc = ckpt->named_parameters();
-  REQUIRE(gp.size() == gc.size());
-  for (size_t i = 0; i < gp.size(); ++i) {
-    INFO(gp[i].first);
-    REQUIRE(gc[i].second.grad().defined());
-    CHECK(gp[i].second.grad().to_vector<float>() == gc[i].second.grad().to_vector<float>());
-  }
+  check_checkpointed_gradients({.scales = QatScales::learned});
 
   auto net = folded_net();
   prepare_qat(*net, {.scales = QatScales::learned});
