@@ -48,6 +48,7 @@ PipelineStages gpt_pipeline_stages(GPT& gpt, const std::vector<int64_t>& counts,
   PipelineStages st;
   st.count = int64_t(counts.size());
   st.tied_stages = {0, st.count - 1};  // the embedding and the head share wte
+  for (int64_t s = 0; s < st.count; ++s) st.devices.push_back(gpt.h->at<Block>(size_t(begin[size_t(s)]))->ln_1->weight.device());
   st.forward = [&gpt, begin, idx, targets, micro, B, last = st.count - 1](int64_t s, int64_t m, const Tensor& x) {
     const int64_t row = m * micro, rows = std::min(micro, B - row);
     auto scope = gpt.forward_scope();
@@ -160,7 +161,9 @@ class PipelineRun {
       StepPhaseGuard phase(StepPhase::forward);
       Tensor x;
       if (s > 0) {  // a leaf of this stage's graph; its gradient goes back up
-        x = mail_.take(K::activation, s, m).detach();
+        x = mail_.take(K::activation, s, m);
+        if (!stages_.devices.empty()) x = to(x, stages_.devices[size_t(s)]);
+        x = x.detach();
         x.set_requires_grad(true);
         in = x;
       }
@@ -181,7 +184,7 @@ class PipelineRun {
     const Tensor g = s == last ? Tensor() : mail_.take(K::gradient, s, m);
     if (s != last) MG_INTERNAL_ASSERT(g.defined(), "pipeline: stage ", s + 1, " left no gradient for micro-batch ", m);
     if (turn_[i] >= 0) mail_.wait_turn(turn_[i]);
-    if (g.defined()) backward(out, g);
+    if (g.defined()) backward(out, to(g, out.device()));  // Note [Boundary gradients]
     else backward(out);
     if (turn_[i] >= 0) mail_.next_turn();
     out = Tensor();  // the micro-batch's activations on this stage are gone
@@ -255,6 +258,8 @@ double run_pipeline(const PipelineSchedule& schedule, const PipelineStages& stag
              " (a micro-batch whose every target is ignored cannot run in a pipeline)");
   for (int64_t s : stages.tied_stages)
     MG_CHECK(s >= 0 && s < p, "run_pipeline: tied stage ", s, " is not one of the ", p, " stages");
+  MG_CHECK(stages.devices.empty() || int64_t(stages.devices.size()) == p, "run_pipeline: ", stages.devices.size(),
+           " stage devices for ", p, " stages");
   Generator& gen = default_generator();
   const uint64_t base = gen.offset();
   double loss = 0;

@@ -31,6 +31,12 @@ struct PipelineStages {
   // through the tied wte): their backwards run in the schedule's order, one at a time, so the
   // gradient's sum has the same order (and bits) however the workers are timed.
   std::vector<int64_t> tied_stages{};
+  // Stage s's device, where its input leaf is copied (empty: the leaf stays where the previous
+  // stage left it). Note [Boundary gradients]: the gradient of that leaf is then made on stage s's
+  // device and copied to stage s-1's only when stage s-1 runs that micro-batch's backward, so a
+  // stage's memory holds its own micro-batches and never gradients that a faster neighbour sent
+  // ahead (which made the first stage's peak depend on the workers' timing).
+  std::vector<Device> devices{};
 };
 
 // How run_pipeline executes the schedule. Note [Pipeline workers]: with `workers`, stage s runs
