@@ -4,6 +4,9 @@
 // (d) BM_GemmKernel: cpu_gemm on the GPT workloads' products with each f32 kernel (eigen = the
 // GEMM memgrad used before its packed one), single-threaded (GFLOP/s per core, from CPU time, so
 // a busy machine disturbs it less) and on 2 threads (wall time).
+// (e) BM_GemmBf16: the same products with bf16 operands and result, on the avx512 kernel, with
+// each 16-bit path: tiles converted to f32 (dot 0) or vdpbf16ps (dot 1), which is faster depends
+// on the CPU (ops/cpu_gemm.cpp, Note [bf16 dot by vendor]); f32's row of (d) is the yardstick.
 // Each reports GFLOP/s (2 M N K flops per call) as a rate counter.
 // Run: OMP_NUM_THREADS=2 build/<dir>/bench/bench_matmul --benchmark_min_time=0.5
 #include <benchmark/benchmark.h>
@@ -16,6 +19,7 @@
 #endif
 #include <Eigen/Core>
 #include <cstdint>
+#include <vector>
 
 #include "core/parallel.h"
 #include "core/rng.h"
@@ -129,6 +133,44 @@ void BM_GemmKernel(benchmark::State& state) {
   mg::set_num_threads(saved_threads);
 }
 
+void BM_GemmBf16(benchmark::State& state) {
+  const GemmShape& s = kShapes[state.range(0)];
+  const bool dot = state.range(1) != 0;
+  const int threads = int(state.range(2));
+  if (!mg::cpu_gemm_kernel_supported(mg::GemmKernel::avx512) || (dot && !mg::cpu_gemm_bf16_dot_supported())) {
+    state.SkipWithError("this CPU has no AVX-512 (or no AVX512-BF16 for the dot)");
+    return;
+  }
+  const mg::GemmKernel saved = mg::cpu_gemm_kernel();
+  const bool saved_dot = mg::cpu_gemm_bf16_dot();
+  const int saved_threads = mg::num_threads();
+  mg::set_cpu_gemm_kernel(mg::GemmKernel::avx512);
+  mg::set_cpu_gemm_bf16_dot(dot);
+  mg::set_num_threads(threads);
+  const int64_t ra = std::max(s.M, s.K), rb = std::max(s.K, s.N);
+  mg::Tensor a = mg::cast(random_matrix(ra, 1), mg::DType::bf16), b = mg::cast(random_matrix(rb, 2), mg::DType::bf16);
+  mg::Tensor c = mg::zeros({s.M, s.N}, {.dtype = mg::DType::bf16});
+  std::vector<float> ws(size_t(mg::cpu_gemm_workspace_floats(s.M, s.N, s.K)));
+  for (auto _ : state) {
+    mg::cpu_gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, a.data<mg::BFloat16>(), ra, b.data<mg::BFloat16>(), rb, 0.0f,
+                 c.data<mg::BFloat16>(), s.N, ws.data());
+    benchmark::DoNotOptimize(c.data<mg::BFloat16>());
+    benchmark::ClobberMemory();
+  }
+  state.counters["GFLOP/s"] = benchmark::Counter(2e-9 * double(s.M) * double(s.N) * double(s.K) * double(state.iterations()),
+                                                 benchmark::Counter::kIsRate);
+  state.SetLabel(std::string(s.name) + (dot ? " bf16 vdpbf16ps " : " bf16 converted ") + std::to_string(threads) + "t");
+  mg::set_cpu_gemm_kernel(saved);
+  mg::set_cpu_gemm_bf16_dot(saved_dot);
+  mg::set_num_threads(saved_threads);
+}
+
+template <int64_t Threads>
+void gemm_bf16_args(benchmark::internal::Benchmark* b) {
+  for (int64_t shape = 0; shape < int64_t(std::size(kShapes)) - 1; ++shape)  // the GPT products
+    for (int64_t dot : {0, 1}) b->Args({shape, dot, Threads});
+}
+
 template <int64_t Threads>
 void gemm_kernel_args(benchmark::internal::Benchmark* b) {
   for (int64_t shape = 0; shape < int64_t(std::size(kShapes)); ++shape)
@@ -141,6 +183,8 @@ void gemm_kernel_args(benchmark::internal::Benchmark* b) {
 // One thread: rates from the thread's CPU time. Two threads: from wall time.
 BENCHMARK(BM_GemmKernel)->Apply(gemm_kernel_args<1>)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_GemmKernel)->Apply(gemm_kernel_args<2>)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_GemmBf16)->Apply(gemm_bf16_args<1>)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_GemmBf16)->Apply(gemm_bf16_args<2>)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MatmulMemgrad)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MatmulEigen)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_MatmulOpenBLAS)->Arg(512)->Arg(1024)->Arg(2048)->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -146,21 +146,46 @@ std::atomic<GemmKernel>& kernel_state() {
   return k;
 }
 
-// bf16 products on vdpbf16ps (ops/cpu_gemm_bf16.cpp): with the AVX-512 kernels on a CPU that has
-// AVX512-BF16; the other kernels keep the converting path.
-bool native_bf16() {
-  static const bool has = gemm_packed::bf16_pairs_supported();
-  return has && kernel_state().load(std::memory_order_relaxed) == GemmKernel::avx512;
+// Note [bf16 dot by vendor]: vdpbf16ps does 32 multiply-adds per instruction where an f32 FMA
+// does 16, but how many the core issues per cycle differs: on AMD Zen 4 its FLOP rate is twice
+// the f32 FMAs' (gpt-small's bf16 step 0.75x fp32's), on Intel Sapphire Rapids half of it (83 vs
+// 175 GFLOP/s per core in a loop of independent instructions; gpt-small's bf16 step 1.4-1.7x
+// fp32's on it, 1.0-1.1x through the converting path). `bench_matmul --benchmark_filter=GemmBf16`
+// measures both paths. The default is a CPU's vendor, not a timing, so the same machine always
+// sums the same way: vdpbf16ps on AMD, the converting path elsewhere; MG_BF16_DOT=0|1 overrides.
+bool default_bf16_dot() {
+  if (!gemm_packed::bf16_pairs_supported()) return false;
+  if (const char* env = std::getenv("MG_BF16_DOT"); env != nullptr && *env != '\0') {
+    MG_CHECK(std::strcmp(env, "0") == 0 || std::strcmp(env, "1") == 0, "MG_BF16_DOT='", env, "' must be 0 or 1");
+    return env[0] == '1';
+  }
+#if defined(__x86_64__) || defined(_M_X64)
+  return __builtin_cpu_is("amd");
+#else
+  return false;
+#endif
+}
+std::atomic<bool>& bf16_dot_state() {
+  static std::atomic<bool> on{default_bf16_dot()};
+  return on;
 }
 
-// bf16 products on AMX tiles (ops/cpu_gemm_amx.cpp): where native_bf16() holds and the CPU has
+// bf16 products on vdpbf16ps (ops/cpu_gemm_bf16.cpp): with the AVX-512 kernels, where the dot is
+// switched on (Note [bf16 dot by vendor]); the other kernels keep the converting path.
+bool native_bf16() {
+  return bf16_dot_state().load(std::memory_order_relaxed) &&
+         kernel_state().load(std::memory_order_relaxed) == GemmKernel::avx512;
+}
+
+// bf16 products on AMX tiles (ops/cpu_gemm_amx.cpp): with the AVX-512 kernels on a CPU with
 // AMX-BF16, unless MG_AMX=0.
 bool native_amx() {
   static const bool wanted = [] {
     const char* env = std::getenv("MG_AMX");
     return !(env != nullptr && std::strcmp(env, "0") == 0);
   }();
-  return wanted && native_bf16() && gemm_packed::amx_bf16_supported();
+  return wanted && kernel_state().load(std::memory_order_relaxed) == GemmKernel::avx512 &&
+         gemm_packed::amx_bf16_supported();
 }
 
 const gemm_packed::MicroKernels& micro_kernels(GemmKernel k) {
@@ -426,6 +451,12 @@ const char* gemm_kernel_name(GemmKernel k) {
 }
 
 bool cpu_gemm_kernel_supported(GemmKernel k) { return gemm_packed::kernel_supported(k); }
+bool cpu_gemm_bf16_dot_supported() { return gemm_packed::bf16_pairs_supported(); }
+bool cpu_gemm_bf16_dot() { return bf16_dot_state().load(); }
+void set_cpu_gemm_bf16_dot(bool on) {
+  MG_CHECK(!on || gemm_packed::bf16_pairs_supported(), "set_cpu_gemm_bf16_dot: this CPU has no AVX512-BF16");
+  bf16_dot_state().store(on);
+}
 GemmKernel cpu_gemm_kernel() { return kernel_state().load(); }
 void set_cpu_gemm_kernel(GemmKernel k) {
   MG_CHECK(gemm_packed::kernel_supported(k), "set_cpu_gemm_kernel: this CPU does not run the ", gemm_kernel_name(k),

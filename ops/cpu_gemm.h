@@ -49,4 +49,12 @@ bool cpu_gemm_kernel_supported(GemmKernel k);
 GemmKernel cpu_gemm_kernel();
 void set_cpu_gemm_kernel(GemmKernel k);
 
+// Whether bf16 products run on AVX512-BF16's vdpbf16ps (with the avx512 kernel) instead of
+// converting their tiles to f32: by default on AMD CPUs, where it is the faster, and off on Intel
+// ones, where it runs at half the f32 FMA rate (ops/cpu_gemm.cpp, Note [bf16 dot by vendor]);
+// MG_BF16_DOT=0|1 at start-up or this setter override it (an error without AVX512-BF16).
+bool cpu_gemm_bf16_dot_supported();  // AVX512-BF16
+bool cpu_gemm_bf16_dot();
+void set_cpu_gemm_bf16_dot(bool on);
+
 }  // namespace mg

@@ -77,7 +77,9 @@ TEST_CASE("bf16 GEMM on AMX tiles matches an f64 reference and the vdpbf16ps pat
   }
   const GemmKernel saved = cpu_gemm_kernel();
   const int saved_threads = num_threads();
+  const bool saved_dot = cpu_gemm_bf16_dot();
   set_cpu_gemm_kernel(GemmKernel::avx512);
+  set_cpu_gemm_bf16_dot(true);  // the vdpbf16ps path compared below, whatever this CPU's default
   const char* env = std::getenv("MG_AMX");
   if (env == nullptr || std::strcmp(env, "0") != 0)  // memgrad info names the path cpu_gemm takes
     CHECK(std::string(cpu_gemm_backend()).find("AMX") != std::string::npos);
@@ -111,6 +113,7 @@ TEST_CASE("bf16 GEMM on AMX tiles matches an f64 reference and the vdpbf16ps pat
   }
   set_num_threads(saved_threads);
   set_cpu_gemm_kernel(saved);
+  set_cpu_gemm_bf16_dot(saved_dot);
 }
 
 TEST_CASE("AMX bf16 GEMM: exact on small integers, zero past K", "[cpu_gemm][amx]") {

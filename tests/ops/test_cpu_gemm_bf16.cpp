@@ -40,7 +40,10 @@ TEST_CASE("bf16 GEMM on vdpbf16ps matches an f64 reference", "[cpu_gemm]") {
   }
   const GemmKernel saved = cpu_gemm_kernel();
   const int saved_threads = num_threads();
+  const bool saved_dot = cpu_gemm_bf16_dot();
   set_cpu_gemm_kernel(GemmKernel::avx512);
+  set_cpu_gemm_bf16_dot(true);  // whatever this CPU's default (Note [bf16 dot by vendor])
+  CHECK(std::string(cpu_gemm_backend()).find("vdpbf16ps") != std::string::npos);
   std::mt19937 rng(31);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   const Case cases[] = {{37, 45, 1, Transpose::no, Transpose::no, 1.0f, 0.0f},
@@ -82,5 +85,48 @@ TEST_CASE("bf16 GEMM on vdpbf16ps matches an f64 reference", "[cpu_gemm]") {
     CHECK(apart <= 2.0 / 128);
   }
   set_num_threads(saved_threads);
+  set_cpu_gemm_kernel(saved);
+  set_cpu_gemm_bf16_dot(saved_dot);
+}
+
+TEST_CASE("bf16 GEMM: the vdpbf16ps switch picks the path memgrad info names, and the converting path when off",
+          "[cpu_gemm]") {
+  const bool saved_dot = cpu_gemm_bf16_dot();
+  const GemmKernel saved = cpu_gemm_kernel();
+  if (!gemm_packed::bf16_pairs_supported()) {
+    CHECK_FALSE(saved_dot);
+    CHECK_THROWS_WITH(set_cpu_gemm_bf16_dot(true), Catch::Matchers::Contains("no AVX512-BF16"));
+    return;
+  }
+#if defined(__x86_64__)
+  const char* env = std::getenv("MG_BF16_DOT");
+  if (env == nullptr || *env == '\0') CHECK(saved_dot == __builtin_cpu_is("amd"));  // the vendor's default
+#endif
+  if (!cpu_gemm_kernel_supported(GemmKernel::avx512)) return;
+  set_cpu_gemm_kernel(GemmKernel::avx512);
+  gemm_packed::set_amx_bf16_allowed(false);  // AMX, where the CPU has it, comes before either path
+  set_cpu_gemm_bf16_dot(false);
+  CHECK(std::string(cpu_gemm_backend()).find("converted to f32") != std::string::npos);
+  // Off, a bf16 product has the bits of the f32 product of the converted operands, rounded once.
+  const int64_t M = 70, N = 90, K = 130;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<BFloat16> a(size_t(M * K)), b(size_t(K * N)), c(size_t(M * N));
+  std::vector<float> af(a.size()), bf(b.size()), cf(c.size());
+  for (size_t i = 0; i < a.size(); ++i) af[i] = float(a[i] = BFloat16(u(rng)));
+  for (size_t i = 0; i < b.size(); ++i) bf[i] = float(b[i] = BFloat16(u(rng)));
+  std::vector<float> ws(size_t(cpu_gemm_workspace_floats(M, N, K)));
+  cpu_gemm(Transpose::no, Transpose::no, M, N, K, 1.0f, a.data(), K, b.data(), N, 0.0f, c.data(), N, ws.data());
+  cpu_gemm(Transpose::no, Transpose::no, M, N, K, 1.0f, af.data(), K, bf.data(), N, 0.0f, cf.data(), N);
+  size_t same = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    const BFloat16 want(cf[i]);
+    same += std::memcmp(&c[i], &want, sizeof want) == 0;
+  }
+  CHECK(same == c.size());
+  set_cpu_gemm_bf16_dot(true);
+  CHECK(std::string(cpu_gemm_backend()).find("vdpbf16ps") != std::string::npos);
+  set_cpu_gemm_bf16_dot(saved_dot);
+  gemm_packed::set_amx_bf16_allowed(true);
   set_cpu_gemm_kernel(saved);
 }
