@@ -12,9 +12,14 @@
 // --qat-scales learned trains the weight and input scales too (LSQ) and converts with those.
 #pragma once
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
 
 #include "apps/technique_options.h"
+#include "apps/training_loop.h"
+#include "models/nn/module.h"
+#include "optim/optimizer.h"
 
 namespace mg {
 
@@ -27,6 +32,7 @@ struct QuantizeOptions {
   int64_t qat_steps = 0;           // qat: fine-tuning steps, >= 1
   double qat_lr = 1e-4;            // qat: peak of the cosine schedule (AdamW, weight decay 0.01)
   std::string qat_scales{};        // qat: observed | learned (models/compress/qat.h); "": observed
+  std::optional<double> qat_scale_lr{};  // qat learned: the scales' lr as a factor of --qat-lr (weight decay 0); unset: 1
   TechniqueOptions techniques{};   // qat: checkpointing, precision, micro-batch of the fine-tuning
   std::string gpt_mode = "weight-only";  // gpt: weight-only | int8-outlier (int8_outlier_linear.h)
   double outlier_threshold = 6.0;  // gpt int8-outlier: |x| above this keeps a column in f32
@@ -50,6 +56,13 @@ struct QuantizeResult {
 };
 
 QuantizeResult quantize_run(const QuantizeOptions& options);
+
+// QAT's AdamW over a prepared model (models/compress/qat.h). Learned scales get a group of their
+// own, "qat_scales": lr scale_lr x t.lr (its lr_scale, so a schedule's set_lr keeps the ratio) and
+// no weight decay (a decayed scale shrinks toward 0 and clips every value); the other parameters
+// are grouped as in training (weight decay on rank >= 2). scale_lr 1 steps every parameter as
+// one AdamW over weight_decay_groups would (the scales are rank 1, undecayed there too).
+std::unique_ptr<Optimizer> qat_optimizer(const TrainOptions& t, Module& model, double scale_lr);
 
 // The config.json key that marks a quantized run, and the file it names.
 inline constexpr const char* kQuantizedConfigKey = "quantized";

@@ -3,6 +3,7 @@
 // apps/quantize.h behind the command line, the QAT fine-tuning loop, and the evaluation both
 // models go through (same batches, same timer).
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "models/compress/quant_format.h"
 #include "ops/int8_gemm.h"
 #include "ops/ops.h"
+#include "optim/adam.h"
 #include "optim/trainer.h"
 
 namespace mg {
@@ -100,10 +102,17 @@ void check_options(const QuantizeOptions& o) {
              ": post-training quantization needs at least one calibration batch to measure activation ranges");
     MG_CHECK(o.qat_steps == 0, kCmd, ": --qat-steps is for --mode qat (post-training quantization does not train)");
     MG_CHECK(o.qat_scales.empty(), kCmd, ": --qat-scales is for --mode qat (post-training quantization learns no scales)");
+    MG_CHECK(!o.qat_scale_lr, kCmd, ": --qat-scale-lr is for --mode qat --qat-scales learned (post-training quantization learns no scales)");
   } else {
     MG_CHECK(o.qat_steps >= 1, kCmd, ": --mode qat needs --qat-steps N with N >= 1 (got ", o.qat_steps,
              "): the fine-tuning steps that also observe the activation ranges");
     MG_CHECK(o.qat_lr > 0 && std::isfinite(o.qat_lr), kCmd, ": --qat-lr must be positive, got ", o.qat_lr);
+    if (o.qat_scale_lr) {
+      MG_CHECK(qat_scales_of(o) == QatScales::learned, kCmd,
+               ": --qat-scale-lr needs --qat-scales learned (observed scales are recomputed, not trained)");
+      MG_CHECK(*o.qat_scale_lr > 0 && std::isfinite(*o.qat_scale_lr), kCmd,
+               ": --qat-scale-lr must be a positive finite factor of --qat-lr, got ", *o.qat_scale_lr);
+    }
     qat_scales_of(o);  // throws listing the names
     MG_CHECK(observer == ObserverKind::minmax || observer == ObserverKind::ema, kCmd, ": --observer ",
              observer_kind_name(observer), " is not available with --mode qat (known: minmax, ema)");
@@ -129,7 +138,7 @@ std::pair<double, double> qat_finetune(MobileNetV2& model, const QuantizeOptions
   t.lr = o.qat_lr;
   t.warmup = 0;
   const LrSchedule sched = t.schedule(o.qat_steps);
-  std::unique_ptr<Optimizer> opt = make_optimizer(t, model);
+  std::unique_ptr<Optimizer> opt = qat_optimizer(t, model, o.qat_scale_lr.value_or(1.0));
   Trainer trainer(model, *opt, o.techniques.trainer_options(0.0));
   DataLoader loader(train, {.batch_size = batch, .shuffle = true, .seed = 1, .drop_last = true, .device = dev});
   MG_CHECK(loader.batches_per_epoch() >= 1, kCmd, ": the training set of '", o.run, "' has fewer than ", batch,
@@ -198,6 +207,7 @@ QuantizeResult quantize_vision(const QuantizeOptions& o, const RunDir& run, cons
     std::tie(r.qat_first_loss, r.qat_last_loss) = qat_finetune(*model, o, data.train, batch, dev);
     calibration["qat_steps"] = o.qat_steps;
     calibration["qat_lr"] = o.qat_lr;
+    if (o.qat_scale_lr) calibration["qat_scale_lr"] = *o.qat_scale_lr;
     calibration["qat_scales"] = qat_scales_name(qat_scales_of(o));
     calibration["techniques"] = o.techniques.to_json();
     NoGradGuard ng;
@@ -272,6 +282,19 @@ QuantizeResult quantize_gpt(const QuantizeOptions& o, const RunDir& run, const n
 
 }  // namespace
 
+std::unique_ptr<Optimizer> qat_optimizer(const TrainOptions& t, Module& model, double scale_lr) {
+  const NamedTensors scales = learned_qat_scales(model);
+  NamedTensors rest;
+  for (auto& [name, p] : model.named_parameters())
+    if (std::none_of(scales.begin(), scales.end(), [&](const auto& s) { return s.first == name; }))
+      rest.emplace_back(name, p);
+  std::vector<ParamGroup> groups = weight_decay_groups(rest, t.lr, t.weight_decay);
+  if (!scales.empty())
+    groups.push_back({.name = "qat_scales", .params = scales, .lr = t.lr * scale_lr, .weight_decay = 0.0,
+                      .lr_scale = scale_lr});
+  return std::make_unique<AdamW>(std::move(groups));
+}
+
 QuantizeResult quantize_run(const QuantizeOptions& o) {
   check_options(o);
   RunDir run(o.run);
@@ -311,6 +334,9 @@ void add_quantize_command(CLI::App& app) {
   q->add_option("--qat-scales", o->qat_scales,
                 "qat: observed (weight max / 127 and the observer's input range, every step) or learned (LSQ: "
                 "trained from there) (default: observed)");
+  q->add_option("--qat-scale-lr", o->qat_scale_lr,
+                "qat with --qat-scales learned: the scales' learning rate as a factor of --qat-lr (no weight decay "
+                "on them; the schedule scales both) (default: 1)");
   q->add_option("--gpt-mode", o->gpt_mode,
                 "gpt: weight-only (int8 weights, f32 math) or int8-outlier (LLM.int8(): int8 GEMM, outlier columns in f32)")
       ->capture_default_str();

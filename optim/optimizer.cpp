@@ -3,6 +3,7 @@
 #include "optim/optimizer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <set>
 
@@ -44,6 +45,8 @@ Optimizer::Optimizer(std::string type_name, std::vector<ParamGroup> groups)
   for (const auto& g : groups_) {
     MG_CHECK(g.lr >= 0 && g.weight_decay >= 0, type_name_, ": group '", g.name, "' has lr ", g.lr,
              " and weight_decay ", g.weight_decay, " (both must be >= 0)");
+    MG_CHECK(g.lr_scale > 0 && std::isfinite(g.lr_scale), type_name_, ": group '", g.name, "' has lr_scale ",
+             g.lr_scale, " (it must be positive and finite)");
     for (const auto& [n, p] : g.params) {
       MG_CHECK(p.defined(), type_name_, ": parameter '", n, "' is an undefined tensor");
       MG_CHECK(is_floating(p.dtype()), type_name_, ": parameter '", n, "' has dtype ", p.dtype(),
@@ -64,7 +67,7 @@ double Optimizer::lr() const {
 
 void Optimizer::set_lr(double lr) {
   MG_CHECK(lr >= 0, type_name_, ".set_lr: lr must be >= 0, got ", lr);
-  for (auto& g : groups_) g.lr = lr;
+  for (auto& g : groups_) g.lr = lr * g.lr_scale;
 }
 
 const ParamState* Optimizer::state(const std::string& name) const {
@@ -164,6 +167,7 @@ std::map<std::string, std::string> Optimizer::state_metadata() const {
     meta[k + "name"] = groups_[i].name;
     meta[k + "lr"] = fmt_double(groups_[i].lr);
     meta[k + "weight_decay"] = fmt_double(groups_[i].weight_decay);
+    meta[k + "lr_scale"] = fmt_double(groups_[i].lr_scale);
     meta[k + "num_params"] = std::to_string(groups_[i].params.size());
   }
   return meta;
@@ -241,6 +245,9 @@ void Optimizer::load_state_dict(const NamedTensors& state, const std::map<std::s
   for (size_t i = 0; i < groups_.size(); ++i) {
     groups_[i].lr = std::stod(get("group." + std::to_string(i) + ".lr"));
     groups_[i].weight_decay = std::stod(get("group." + std::to_string(i) + ".weight_decay"));
+    // Files from before lr_scale existed keep the group's own (1 then).
+    if (auto it = meta.find("group." + std::to_string(i) + ".lr_scale"); it != meta.end())
+      groups_[i].lr_scale = std::stod(it->second);
   }
 }
 

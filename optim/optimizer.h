@@ -26,6 +26,9 @@ struct ParamGroup {
   NamedTensors params;  // names must be unique across all groups (they key the state)
   double lr = 1e-3;
   double weight_decay = 0.0;
+  // set_lr(x) gives this group x * lr_scale, so a schedule keeps a group's ratio to the others
+  // (QAT's learned scales at a fraction of the weights' rate: apps/quantize_command.cpp).
+  double lr_scale = 1.0;
 };
 
 // Two groups from a model's named parameters: "decay" holds every parameter of rank >= 2
@@ -68,7 +71,7 @@ class Optimizer {
   void add_post_step_hook(std::function<void()> hook) { post_step_hooks_.push_back(std::move(hook)); }
 
   double lr() const;  // the first group's
-  void set_lr(double lr);  // every group's (what a schedule calls each step)
+  void set_lr(double lr);  // every group's, times its lr_scale (what a schedule calls each step)
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
   int64_t step_count() const { return step_count_; }  // step() calls so far

@@ -164,6 +164,18 @@ int64_t prepare_qat(Module& root, QatOptions opt) {
   return n;
 }
 
+NamedTensors learned_qat_scales(Module& root) {
+  NamedTensors out;
+  for (auto& [path, m] : root.named_modules()) {
+    auto* f = dynamic_cast<FakeQuantLayer*>(m);
+    if (f == nullptr || f->scales() != QatScales::learned) continue;
+    const std::string prefix = path.empty() ? "" : path + ".";
+    out.emplace_back(prefix + "weight_scale", f->weight_scale);
+    if (f->input_scale.defined()) out.emplace_back(prefix + "input_scale", f->input_scale);
+  }
+  return out;
+}
+
 ConvertCounts convert_qat(Module& root) {
   bool any = false;
   for (auto& [name, m] : root.named_modules()) any = any || dynamic_cast<FakeQuantLayer*>(m);

@@ -76,6 +76,9 @@ class FakeQuantLayer : public ObservedLayer {
 // fold_batch_norms (a BatchNorm2d left is an error) on a float model (an already prepared or
 // quantized one is an error).
 int64_t prepare_qat(Module& root, QatOptions opt = {});
+// The learned scales (weight_scale, input_scale of every learned FakeQuantLayer) by their names in
+// root.named_parameters(); empty for observed scales. An optimizer gives them a group of their own.
+NamedTensors learned_qat_scales(Module& root);
 // Every FakeQuantLayer -> its int8 layer (convert_ptq's rules; learned scales clamped as a forward
 // would first); the model should be in eval mode.
 // Throws when the model has no FakeQuantLayer or one that saw no training batch.

@@ -1,7 +1,7 @@
 // `memgrad quantize` as a library call on tiny runs: a vision run quantized with PTQ (weight bytes
 // smaller, accuracy and throughput reported, the file loads back into a model that reproduces
 // the reported accuracy's predictions), a gpt run weight-only (val loss close to fp32), QAT with
-// observed and learned scales, and the bad inputs: an already quantized run, zero calibration
+// observed and learned scales (their learning rate a factor of the weights'), and the bad inputs: an already quantized run, zero calibration
 // batches, an unknown observer, mode or --qat-scales, an existing --out, a corrupt quantized file.
 #include <catch2/catch.hpp>
 #include <CLI/CLI.hpp>
@@ -13,7 +13,9 @@
 #include "apps/gpt_train.h"
 #include "apps/quantize.h"
 #include "apps/vision_train.h"
+#include "models/compress/qat.h"
 #include "models/compress/quant_format.h"
+#include "models/mobilenet_v2.h"
 
 using namespace mg;
 using namespace mg::test;
@@ -183,4 +185,99 @@ TEST_CASE("quantize: a gpt run, weight-only int8", "[apps][quant]") {
   o.gpt_mode = "int8-outlier";
   o.outlier_threshold = -1;
   CHECK_THROWS_WITH(quantize_run(o), Catch::Contains("--outlier-threshold must be >= 0"));
+}
+
+TEST_CASE("quantize --qat-scale-lr: the learned scales step at a factor of the weights' rate and undecayed",
+          "[apps][quant][qat]") {
+  // The optimizer: a group of their own whose ratio survives the schedule's set_lr.
+  Generator gen(3);
+  MobileNetV2 m(MobileNetV2Config{.width_mult = 0.25, .num_classes = 2, .small_input = true, .input_size = 8},
+                InitOptions{.gen = &gen});
+  m.eval();
+  fold_batch_norms(m);
+  prepare_qat(m, {.scales = QatScales::learned});
+  const NamedTensors scales = learned_qat_scales(m);
+  REQUIRE(!scales.empty());
+  TrainOptions t;
+  t.lr = 2e-3;
+  t.weight_decay = 0.05;
+  const std::unique_ptr<Optimizer> opt = qat_optimizer(t, m, 0.1);
+  const ParamGroup* sg = nullptr;
+  size_t total = 0;
+  for (const ParamGroup& g : opt->param_groups()) {
+    total += g.params.size();
+    if (g.name == "qat_scales") sg = &g;
+    else
+      for (const auto& [n, p] : g.params)
+        CHECK(std::none_of(scales.begin(), scales.end(), [&](const auto& s) { return s.first == n; }));
+  }
+  REQUIRE(sg != nullptr);
+  CHECK(total == m.named_parameters().size());
+  CHECK(sg->params.size() == scales.size());
+  CHECK(sg->weight_decay == 0.0);
+  CHECK(sg->lr == Approx(2e-4));
+  opt->set_lr(1e-3);  // a schedule's step keeps the factor
+  CHECK(opt->lr() == Approx(1e-3));
+  CHECK(sg->lr == Approx(1e-4));
+  // observed scales are not parameters: no scales group
+  Generator gen2(3);
+  MobileNetV2 m2(MobileNetV2Config{.width_mult = 0.25, .num_classes = 2, .small_input = true, .input_size = 8},
+                 InitOptions{.gen = &gen2});
+  m2.eval();
+  fold_batch_norms(m2);
+  prepare_qat(m2, {});
+  CHECK(learned_qat_scales(m2).empty());
+  const std::unique_ptr<Optimizer> opt2 = qat_optimizer(t, m2, 1.0);
+  for (const ParamGroup& g : opt2->param_groups()) CHECK(g.name != "qat_scales");
+
+  // The command: factor 1 is what learned scales did before the flag; 0.1 trains them less.
+  DataTempDir tmp("quantize_qat_scale_lr");
+  VisionTrainOptions v;
+  v.config = MobileNetV2Config{.width_mult = 0.25, .num_classes = 2, .small_input = true, .input_size = 8};
+  v.data = write_tiny_image_folder(tmp, 20);
+  v.out = tmp.file("fp32");
+  v.batch = 12;
+  v.lr = 1e-2;
+  v.progress = ProgressStyle::none;
+  vision_train(v);
+  auto qat = [&](const char* out, std::optional<double> f) {
+    QuantizeOptions q{.run = tmp.file("fp32"), .out = tmp.file(out), .mode = "qat", .qat_steps = 3, .qat_lr = 1e-2,
+                      .qat_scales = "learned"};
+    q.qat_scale_lr = f;
+    manual_seed(11);  // the classifier's dropout draws from the default generator
+    quantize_run(q);
+    return load_quantized(tmp.file(out) + "/" + kQuantizedModelFile);
+  };
+  auto scale_tensors = [](const LoadedQuantizedModel& l) {  // every value of the int8 model
+    std::vector<double> v;
+    for (const NamedTensors& ts : {l.model->named_parameters(), l.model->named_buffers()})
+      for (const auto& [n, t] : ts)
+        for (double x : cast(t, DType::f64).to_vector<double>()) v.push_back(x);
+    return v;
+  };
+  const LoadedQuantizedModel none = qat("none", std::nullopt), one = qat("one", 1.0), tenth = qat("tenth", 0.1);
+  CHECK(scale_tensors(none) == scale_tensors(one));
+  CHECK(scale_tensors(none) != scale_tensors(tenth));
+  CHECK(tenth.info.calibration.at("qat_scale_lr") == Approx(0.1));
+  CHECK(!none.info.calibration.contains("qat_scale_lr"));
+
+  // Bad values and combinations
+  auto bad = [&](std::optional<double> f, const char* mode, const char* scales) {
+    QuantizeOptions q{.run = tmp.file("fp32"), .out = tmp.file("z"), .mode = mode, .qat_steps = std::string(mode) == "qat" ? 1 : 0,
+                      .qat_scales = scales};
+    q.qat_scale_lr = f;
+    return q;
+  };
+  for (double f : {0.0, -1.0, std::nan(""), double(INFINITY)})
+    CHECK_THROWS_WITH(quantize_run(bad(f, "qat", "learned")), Catch::Contains("--qat-scale-lr must be a positive finite factor"));
+  CHECK_THROWS_WITH(quantize_run(bad(0.5, "qat", "observed")), Catch::Contains("--qat-scale-lr needs --qat-scales learned"));
+  CHECK_THROWS_WITH(quantize_run(bad(0.5, "qat", "")), Catch::Contains("--qat-scale-lr needs --qat-scales learned"));
+  CHECK_THROWS_WITH(quantize_run(bad(0.5, "ptq", "")), Catch::Contains("--qat-scale-lr is for --mode qat"));
+  CLI::App app{"memgrad"};
+  add_quantize_command(app);
+  std::vector<std::string> args = {"quantize", "--run", tmp.file("fp32"), "--out", tmp.file("z"), "--mode", "qat",
+                                   "--qat-steps", "1", "--qat-scales", "learned", "--qat-scale-lr", "fast"};
+  std::vector<std::string> reversed(args.rbegin(), args.rend());
+  CHECK_THROWS_AS(app.parse(reversed), CLI::ParseError);
+  CHECK(!fs::exists(tmp.file("z")));
 }

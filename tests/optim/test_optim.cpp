@@ -223,6 +223,34 @@ TEST_CASE("optim: weight_decay_groups decays by rank, not by position", "[optim]
                     Catch::Contains("two parameters are named 'a'"));
 }
 
+TEST_CASE("optim: a group's lr_scale survives set_lr and a saved state", "[optim]") {
+  Sequential net({std::make_shared<Linear>(3, 4), std::make_shared<LayerNorm>(4)});
+  auto groups = weight_decay_groups(net.named_parameters(), 0.01, 0.1);
+  groups[1].lr_scale = 0.25;
+  AdamW opt(groups);
+  opt.set_lr(0.4);
+  CHECK(opt.param_groups()[0].lr == 0.4);
+  CHECK(opt.param_groups()[1].lr == Approx(0.1));
+  const auto meta = opt.state_metadata();
+  CHECK(meta.at("group.1.lr_scale") == "0.25");
+  auto fresh_groups = weight_decay_groups(net.named_parameters(), 0.01, 0.1);
+  AdamW resumed(fresh_groups);
+  resumed.load_state_dict(opt.state_dict(), meta);
+  CHECK(resumed.param_groups()[1].lr_scale == 0.25);
+  resumed.set_lr(0.8);  // the resumed schedule keeps the ratio
+  CHECK(resumed.param_groups()[1].lr == Approx(0.2));
+  auto older = meta;  // a state file from before lr_scale: the group's own (1) stays
+  older.erase("group.1.lr_scale");
+  AdamW from_old(weight_decay_groups(net.named_parameters(), 0.01, 0.1));
+  from_old.load_state_dict(opt.state_dict(), older);
+  CHECK(from_old.param_groups()[1].lr_scale == 1.0);
+  for (double bad : {0.0, -1.0, std::numeric_limits<double>::infinity()}) {
+    auto g = weight_decay_groups(net.named_parameters(), 0.01, 0.1);
+    g[0].lr_scale = bad;
+    CHECK_THROWS_WITH(AdamW(g), Catch::Contains("lr_scale") && Catch::Contains("positive and finite"));
+  }
+}
+
 // A run saved after two steps and resumed in a fresh process-like setup (new model, new
 // optimizer, both loaded from files) takes exactly the steps the uninterrupted run takes.
 TEST_CASE("optim: a saved and resumed run continues bit for bit", "[optim]") {
