@@ -71,17 +71,25 @@ TEST_CASE("quantize: a vision run with PTQ, then the bad inputs", "[apps][quant]
   CHECK(fs::exists(tmp.file("cli/") + kQuantizedModelFile));
 }
 
-TEST_CASE("quantize --mode qat: fine-tunes, converts, evaluates, bad flags", "[apps][quant][qat]") {
-  DataTempDir tmp("quantize_qat");
-  const std::string images = write_tiny_image_folder(tmp, 20);
+namespace {
+
+// A tiny MobileNetV2 trained on 20 images into tmp/fp32, the source run of the QAT tests.
+void train_tiny_vision_run(DataTempDir& tmp) {
   VisionTrainOptions t;
   t.config = MobileNetV2Config{.width_mult = 0.25, .num_classes = 2, .small_input = true, .input_size = 8};
-  t.data = images;
+  t.data = write_tiny_image_folder(tmp, 20);
   t.out = tmp.file("fp32");
   t.batch = 12;
   t.lr = 1e-2;
   t.progress = ProgressStyle::none;
   vision_train(t);
+}
+
+}  // namespace
+
+TEST_CASE("quantize --mode qat: fine-tunes, converts, evaluates, bad flags", "[apps][quant][qat]") {
+  DataTempDir tmp("quantize_qat");
+  train_tiny_vision_run(tmp);
 
   QuantizeOptions q{.run = tmp.file("fp32"), .out = tmp.file("qat"), .mode = "qat", .qat_steps = 2};
   q.techniques.micro_batch = 6;  // with gradient accumulation
@@ -232,14 +240,7 @@ TEST_CASE("quantize --qat-scale-lr: the learned scales step at a factor of the w
 
   // The command: factor 1 is what learned scales did before the flag; 0.1 trains them less.
   DataTempDir tmp("quantize_qat_scale_lr");
-  VisionTrainOptions v;
-  v.config = MobileNetV2Config{.width_mult = 0.25, .num_classes = 2, .small_input = true, .input_size = 8};
-  v.data = write_tiny_image_folder(tmp, 20);
-  v.out = tmp.file("fp32");
-  v.batch = 12;
-  v.lr = 1e-2;
-  v.progress = ProgressStyle::none;
-  vision_train(v);
+  train_tiny_vision_run(tmp);
   auto qat = [&](const char* out, std::optional<double> f) {
     QuantizeOptions q{.run = tmp.file("fp32"), .out = tmp.file(out), .mode = "qat", .qat_steps = 3, .qat_lr = 1e-2,
                       .qat_scales = "learned"};
