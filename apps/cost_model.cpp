@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/parallel.h"
 #include "core/tensor.h"
+#include "ops/cpu_gemm.h"
 #include "ops/ops.h"
 
 namespace mg {
@@ -54,6 +55,7 @@ Calibration measure() {
   Calibration c;
   c.cpu = cpu_model_name();
   c.threads = num_threads();
+  c.gemm = cpu_gemm_backend();
   MemoryCategoryGuard ws(MemoryCategory::workspace);
   // GEMMs of a GPT-ish shape: (B*T, C) x (C, 4C); the fastest of 5 (a shared machine slows some).
   const int64_t M = 2048, K = 512, N = 2048;
@@ -97,7 +99,7 @@ std::string calibration_cache_path() {
 }
 
 nlohmann::json Calibration::to_json() const {
-  nlohmann::json j{{"cpu", cpu}, {"threads", threads}, {"gbytes_per_s", gbytes_per_s}};
+  nlohmann::json j{{"cpu", cpu}, {"threads", threads}, {"gemm", gemm}, {"gbytes_per_s", gbytes_per_s}};
   for (size_t k = 0; k < kNumFlopKinds; ++k) j["gflops_" + std::string(flop_kind_name(FlopKind(k)))] = gflops[k];
   return j;
 }
@@ -109,10 +111,13 @@ Calibration Calibration::of_this_machine() {
     std::ifstream f(path);
     if (f) {
       const nlohmann::json j = nlohmann::json::parse(f);
-      if (j.at("cpu").get<std::string>() == cpu && j.at("threads").get<int>() == num_threads()) {
+      // A GEMM path switched since (MG_GEMM_KERNEL, MG_BF16_DOT, MG_AMX) runs at other rates.
+      if (j.at("cpu").get<std::string>() == cpu && j.at("threads").get<int>() == num_threads() &&
+          j.value("gemm", std::string()) == cpu_gemm_backend()) {
         Calibration c;
         c.cpu = cpu;
         c.threads = num_threads();
+        c.gemm = cpu_gemm_backend();
         c.gbytes_per_s = j.at("gbytes_per_s").get<double>();
         for (size_t k = 0; k < kNumFlopKinds; ++k)
           c.gflops[k] = j.at("gflops_" + std::string(flop_kind_name(FlopKind(k)))).get<double>();

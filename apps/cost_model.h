@@ -15,13 +15,14 @@ namespace mg {
 struct Calibration {
   std::string cpu;          // lscpu's model name (/proc/cpuinfo)
   int threads = 0;          // OpenMP threads it was measured with
+  std::string gemm{};       // cpu_gemm_backend() it was measured with (kernel, bf16 path)
   double gflops[kNumFlopKinds] = {};  // per FlopKind, GFLOP/s
   double gbytes_per_s = 0;  // copy bandwidth (read + write)
   std::string path{};       // where it is cached ("" if it could not be written)
   bool cached = false;      // read from the cache rather than measured now
 
   nlohmann::json to_json() const;
-  // A calibration of this machine: the cached one when its CPU and thread count match, else
+  // A calibration of this machine: the cached one when its CPU, thread count and GEMM paths match, else
   // measured now and written to the cache.
   static Calibration of_this_machine();
   // Milliseconds for a step of these FLOPs and allocated bytes.

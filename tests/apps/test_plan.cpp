@@ -2,12 +2,16 @@
 // running under the budget, the recommendation is the fastest estimate that fits, and bad input
 // (a budget below the parameters, unknown models and techniques) gets a clear error.
 #include <catch2/catch.hpp>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 
+#include "apps/cost_model.h"
 #include "apps/plan.h"
 #include "core/error.h"
+#include "ops/cpu_gemm.h"
 
 using namespace mg;
 
@@ -197,4 +201,25 @@ TEST_CASE("plan: the default candidates cover every policy, precision and accumu
   CHECK(default_candidates(6).find("accum4") == std::string::npos);
   CHECK(default_candidates(6).find("bf16+accum2") != std::string::npos);
   CHECK(parse_combinations(d, 8, kCPU).size() == 4 * 3 * 2 + 2);
+}
+
+TEST_CASE("plan: a cached calibration is reused only for the same CPU and thread count and GEMM paths", "[plan][apps]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("memgrad-test-calibration-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ::setenv("MG_CACHE_DIR", dir.c_str(), 1);
+  const Calibration first = Calibration::of_this_machine();
+  CHECK_FALSE(first.cached);
+  CHECK(first.gemm == cpu_gemm_backend());
+  REQUIRE(first.path == calibration_cache_path());
+  const Calibration again = Calibration::of_this_machine();
+  CHECK(again.cached);
+  CHECK(again.gflops[0] == first.gflops[0]);
+  // A cache measured with another GEMM path (MG_GEMM_KERNEL, MG_BF16_DOT, MG_AMX) is measured anew.
+  nlohmann::json j = nlohmann::json::parse(std::ifstream(first.path));
+  j["gemm"] = "another GEMM";
+  std::ofstream(first.path) << j.dump();
+  CHECK_FALSE(Calibration::of_this_machine().cached);
+  CHECK(Calibration::of_this_machine().cached);  // rewritten with this path
+  std::filesystem::remove_all(dir);
+  use_test_cache();
 }
