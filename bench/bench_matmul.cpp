@@ -7,6 +7,8 @@
 // (e) BM_GemmBf16: the same products with bf16 operands and result, on the avx512 kernel, with
 // each 16-bit path: tiles converted to f32 (dot 0) or vdpbf16ps (dot 1), which is faster depends
 // on the CPU (ops/cpu_gemm.cpp, Note [bf16 dot by vendor]); f32's row of (d) is the yardstick.
+// (f) BM_InstructionPeak: one core's rate of vfmadd231ps and vdpbf16ps (zmm, 24 independent
+// accumulators, no memory traffic), the ceiling each 16-bit path's kernel can reach.
 // Each reports GFLOP/s (2 M N K flops per call) as a rate counter.
 // Run: OMP_NUM_THREADS=2 build/<dir>/bench/bench_matmul --benchmark_min_time=0.5
 #include <benchmark/benchmark.h>
@@ -19,6 +21,9 @@
 #endif
 #include <Eigen/Core>
 #include <cstdint>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <vector>
 
 #include "core/parallel.h"
@@ -164,6 +169,54 @@ void BM_GemmBf16(benchmark::State& state) {
   mg::set_cpu_gemm_bf16_dot(saved_dot);
   mg::set_num_threads(saved_threads);
 }
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) float fma_loop(int64_t n) {
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(float(i));
+  __m512 a = _mm512_set1_ps(1.0001f);
+  const __m512 b = _mm512_set1_ps(0.9999f);
+  for (int64_t k = 0; k < n; ++k) {
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+    __asm__ volatile("" : "+v"(a));  // one opaque value per round: the loop is not folded
+  }
+  for (int i = 1; i < 24; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc[0]);
+  return lanes[0];
+}
+__attribute__((target("avx512f,avx512bf16"))) float dpbf16_loop(int64_t n) {
+  __m512 acc[24];
+  for (int i = 0; i < 24; ++i) acc[i] = _mm512_set1_ps(float(i));
+  __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80);
+  const __m512bh b = (__m512bh)_mm512_set1_epi32(0x3f803f80);
+  for (int64_t k = 0; k < n; ++k) {
+#pragma GCC unroll 24
+    for (int i = 0; i < 24; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+    __asm__ volatile("" : "+v"(a));
+  }
+  for (int i = 1; i < 24; ++i) acc[0] = _mm512_add_ps(acc[0], acc[i]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, acc[0]);
+  return lanes[0];
+}
+
+// Argument 0: vfmadd231ps (32 flops per instruction), 1: vdpbf16ps (64).
+void BM_InstructionPeak(benchmark::State& state) {
+  const bool dot = state.range(0) != 0;
+  if (!__builtin_cpu_supports("avx512f") || (dot && !mg::cpu_gemm_bf16_dot_supported())) {
+    state.SkipWithError("this CPU has no AVX-512 (or no AVX512-BF16)");
+    return;
+  }
+  const int64_t rounds = 1 << 20;
+  for (auto _ : state) benchmark::DoNotOptimize(dot ? dpbf16_loop(rounds) : fma_loop(rounds));
+  state.counters["GFLOP/s"] = benchmark::Counter(1e-9 * 24.0 * (dot ? 64.0 : 32.0) * double(rounds) *
+                                                 double(state.iterations()), benchmark::Counter::kIsRate);
+  state.SetLabel(dot ? "vdpbf16ps zmm" : "vfmadd231ps zmm");
+}
+BENCHMARK(BM_InstructionPeak)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond);
+#endif
 
 template <int64_t Threads>
 void gemm_bf16_args(benchmark::internal::Benchmark* b) {

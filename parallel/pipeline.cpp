@@ -48,7 +48,8 @@ PipelineStages gpt_pipeline_stages(GPT& gpt, const std::vector<int64_t>& counts,
   PipelineStages st;
   st.count = int64_t(counts.size());
   st.tied_stages = {0, st.count - 1};  // the embedding and the head share wte
-  for (int64_t s = 0; s < st.count; ++s) st.devices.push_back(gpt.h->at<Block>(size_t(begin[size_t(s)]))->ln_1->weight.device());
+  for (int64_t s = 0; s < st.count; ++s)  // where the stage's first block reads its input
+    st.devices.push_back(gpt.h->at<Block>(size_t(begin[size_t(s)]))->ln_1->weight.device());
   st.forward = [&gpt, begin, idx, targets, micro, B, last = st.count - 1](int64_t s, int64_t m, const Tensor& x) {
     const int64_t row = m * micro, rows = std::min(micro, B - row);
     auto scope = gpt.forward_scope();
