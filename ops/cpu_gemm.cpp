@@ -149,8 +149,8 @@ std::atomic<GemmKernel>& kernel_state() {
 // Note [bf16 dot by vendor]: vdpbf16ps does 32 multiply-adds per instruction where an f32 FMA
 // does 16, but how many the core issues per cycle differs: on AMD Zen 4 its FLOP rate is twice
 // the f32 FMAs' (gpt-small's bf16 step 0.75x fp32's), on Intel Sapphire Rapids half of it (86 vs
-// 174 GFLOP/s per core, `bench_matmul --benchmark_filter=InstructionPeak`; gpt-small's bf16 step 1.4-1.7x
-// fp32's on it, 1.0-1.1x through the converting path). `bench_matmul --benchmark_filter=GemmBf16`
+// 174 GFLOP/s per core, `bench_matmul --benchmark_filter=InstructionPeak`; gpt-small's bf16 step 1.4-1.8x
+// fp32's on it, 1.08-1.17x through the converting path). `bench_matmul --benchmark_filter=GemmBf16`
 // measures both paths. The default is a CPU's vendor, not a timing, so the same machine always
 // sums the same way: vdpbf16ps on AMD, the converting path elsewhere; MG_BF16_DOT=0|1 overrides.
 bool default_bf16_dot() {
