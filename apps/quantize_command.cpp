@@ -285,9 +285,11 @@ QuantizeResult quantize_gpt(const QuantizeOptions& o, const RunDir& run, const n
 std::unique_ptr<Optimizer> qat_optimizer(const TrainOptions& t, Module& model, double scale_lr) {
   const NamedTensors scales = learned_qat_scales(model);
   NamedTensors rest;
-  for (auto& [name, p] : model.named_parameters())
-    if (std::none_of(scales.begin(), scales.end(), [&](const auto& s) { return s.first == name; }))
+  for (auto& [name, p] : model.named_parameters()) {
+    const std::string& param_name = name;  // a lambda cannot capture a structured binding (C++17, clang 14)
+    if (std::none_of(scales.begin(), scales.end(), [&](const auto& s) { return s.first == param_name; }))
       rest.emplace_back(name, p);
+  }
   std::vector<ParamGroup> groups = weight_decay_groups(rest, t.lr, t.weight_decay);
   if (!scales.empty())
     groups.push_back({.name = "qat_scales", .params = scales, .lr = t.lr * scale_lr, .weight_decay = 0.0,

@@ -216,8 +216,8 @@ TEST_CASE("quantize --qat-scale-lr: the learned scales step at a factor of the w
     total += g.params.size();
     if (g.name == "qat_scales") sg = &g;
     else
-      for (const auto& [n, p] : g.params)
-        CHECK(std::none_of(scales.begin(), scales.end(), [&](const auto& s) { return s.first == n; }));
+      for (const auto& np : g.params)
+        CHECK(std::none_of(scales.begin(), scales.end(), [&](const auto& s) { return s.first == np.first; }));
   }
   REQUIRE(sg != nullptr);
   CHECK(total == m.named_parameters().size());
