@@ -121,5 +121,15 @@ void int8_depthwise(int device, const Int8DepthwiseShape&, const uint8_t*, int32
 void quantize_per_tensor(const Tensor& out, const Tensor&, float, int32_t) { no_cuda("quantize_per_tensor", out); }
 void dequantize_per_tensor(const Tensor& out, const Tensor&, float, int32_t) { no_cuda("dequantize_per_tensor", out); }
 void dequantize_per_channel(const Tensor& out, const Tensor&, const Tensor&) { no_cuda("dequantize_per_channel", out); }
+void fake_quantize_per_channel(const Tensor& out, const Tensor&, const Tensor&, const Tensor&) {
+  no_cuda("fake_quantize_per_channel", out);
+}
+void fake_quantize_per_tensor(const Tensor& out, const Tensor&, const Tensor&, float, float, int32_t) {
+  no_cuda("fake_quantize_per_tensor", out);
+}
+void fake_quantize_learned_backward(const Tensor&, const Tensor&, const Tensor& x, const Tensor&, const Tensor&,
+                                    fq::Grid, fq::ScaleDivision, double) {
+  no_cuda("fake_quantize_learned backward", x);
+}
 
 }  // namespace mg::cuda

@@ -1,15 +1,17 @@
 // Fake quantization (ops/fake_quantize.h). The forward writes the fake-quantized values and, only
 // when a gradient is needed, a bool mask of the elements inside the range; FakeQuantizeBackward
 // saves that mask (1 byte per element instead of the 4 of the f32 input) and nothing else.
-// Computed in f32 on the CPU (inputs of other floating types are cast, the output cast back); on
-// meta the outputs are allocated and nothing is computed. No CUDA kernel yet: a clear error.
+// Computed in f32 (inputs of other floating types are cast, the output cast back) on the CPU and on
+// cuda:N (ops/cuda/fake_quantize.cu) with the same element math (ops/kernels/fake_quantize.h), so
+// the two give the same bits; on meta the outputs are allocated and nothing is computed.
 #include "ops/fake_quantize.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "core/parallel.h"
-#include "ops/int8_requant.h"
+#include "ops/cuda/int8_launchers.h"
+#include "ops/kernels/fake_quantize.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
@@ -34,11 +36,10 @@ class FakeQuantizeBackward : public Node {
 void check_input(const char* op, const Tensor& x) {
   check_defined(op, x, "input");
   check_floating(op, x);
-  MG_CHECK(!x.device().is_cuda(), op, ": not implemented on ", x.device().str(),
-           " (quantization-aware training runs on cpu devices)");
 }
 
-// out (and mask when wanted) for x: kernel(xf, of, mask or null) fills them from f32 data.
+// out (and mask when wanted) for x: kernel(xf, out, mask) fills them from x as contiguous f32 (mask
+// undefined when no gradient is wanted), on x's device.
 template <class Kernel>
 Tensor run(const char* op, const char* node_name, const Tensor& x, Kernel&& kernel) {
   OpNameGuard name(op);
@@ -52,7 +53,7 @@ Tensor run(const char* op, const char* node_name, const Tensor& x, Kernel&& kern
       MemoryCategoryGuard ws(MemoryCategory::workspace);  // a copy only for a strided or non-f32 x
       xf = contiguous(cast(x.detach(), DType::f32));
     }
-    kernel(xf.data<float>(), out.data<float>(), wants_grad ? mask.data<bool>() : nullptr);
+    kernel(xf, out, mask);
   }
   if (x.dtype() != DType::f32) out = cast(out, x.dtype());
   if (wants_grad) {
@@ -77,19 +78,28 @@ Tensor fake_quantize_per_channel(const Tensor& w, const Tensor& scales) {
   Tensor s;
   if (!w.is_meta()) {
     s = contiguous(scales.detach());
-    const float* sp = s.data<float>();
-    for (int64_t c = 0; c < s.numel(); ++c)
+    Tensor host;  // the checks read the scales on the host: a copy of C floats from cuda:N
+    {
+      MemoryCategoryGuard ws(MemoryCategory::workspace);
+      host = s.device().is_cuda() ? to(s, kCPU) : s;
+    }
+    const float* sp = host.data<float>();
+    for (int64_t c = 0; c < host.numel(); ++c)
       MG_CHECK(std::isfinite(sp[c]) && sp[c] > 0, op, ": scale ", c, " is ", sp[c], " (must be positive and finite)");
   }
   const int64_t C = w.size(0), inner = w.numel() / C;
-  return run(op, "FakeQuantizePerChannelBackward", w, [&](const float* x, float* o, bool* m) {
+  return run(op, "FakeQuantizePerChannelBackward", w, [&](const Tensor& xt, const Tensor& out, const Tensor& mask) {
+    if (xt.device().is_cuda()) return cuda::fake_quantize_per_channel(out, mask, xt, s);
+    const float* x = xt.data<float>();
     const float* sp = s.data<float>();
+    float* o = out.data<float>();
+    bool* m = mask.defined() ? mask.data<bool>() : nullptr;
     parallel_for(0, C, std::max<int64_t>(1, 16384 / std::max<int64_t>(inner, 1)), [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c)
         for (int64_t i = c * inner; i < (c + 1) * inner; ++i) {
-          const float r = std::nearbyint(x[i] / sp[c]);  // quantize_per_channel's arithmetic
-          o[i] = float(int8_t(std::clamp(r, -127.f, 127.f))) * sp[c];
-          if (m) m[i] = r >= -127.f && r <= 127.f;
+          bool inside;
+          o[i] = fq::symmetric_s8(x[i], sp[c], inside);
+          if (m) m[i] = inside;
         }
     });
   });
@@ -102,15 +112,16 @@ Tensor fake_quantize_per_tensor(const Tensor& x, ActivationQParams q) {
            ": invalid quantization (scale ", q.scale, ", zero point ", q.zero_point,
            "): scale must be positive and finite, zero point in [0, 255]");
   const float inv = 1.f / q.scale;  // quantize_u8 multiplies by the inverse, as the int8 GEMM's packing
-  return run(op, "FakeQuantizePerTensorBackward", x, [&](const float* xp, float* o, bool* m) {
+  return run(op, "FakeQuantizePerTensorBackward", x, [&](const Tensor& xt, const Tensor& out, const Tensor& mask) {
+    if (xt.device().is_cuda()) return cuda::fake_quantize_per_tensor(out, mask, xt, q.scale, inv, q.zero_point);
+    const float* xp = xt.data<float>();
+    float* o = out.data<float>();
+    bool* m = mask.defined() ? mask.data<bool>() : nullptr;
     parallel_for(0, x.numel(), 1 << 16, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) {
-        const uint8_t u = quantize_u8(xp[i], inv, q.zero_point);
-        o[i] = q.scale * float(int32_t(u) - q.zero_point);  // dequantize_per_tensor's arithmetic
-        if (m) {
-          const float r = std::nearbyint(xp[i] * inv) + float(q.zero_point);
-          m[i] = r >= 0.f && r <= 255.f;
-        }
+        bool inside;
+        o[i] = fq::affine_u8(xp[i], q.scale, inv, q.zero_point, inside);
+        if (m) m[i] = inside;
       }
     });
   });

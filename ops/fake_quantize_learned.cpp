@@ -4,8 +4,11 @@
 // and the scale, not a mask: the scale's gradient needs x / s anyway, from which the range mask
 // follows. For a weight, x is the parameter itself, so saving it costs no memory; for an
 // activation it is 4 bytes per element where the fixed-scale op saves 1 (its mask).
-// Both gradients come from one pass over x and dout in f32 (CPU; meta allocates only). The scale's
-// sums run in f64 over fixed chunks, so they give the same bits with any number of threads.
+// Both gradients come from one pass over x and dout in f32, on the CPU or on cuda:N
+// (ops/cuda/fake_quantize.cu, the same element math: ops/kernels/fake_quantize.h); meta allocates
+// only. The scale's sums run in f64 over fixed chunks (fq::kScaleGradChunk), added in chunk order,
+// so they give the same bits with any number of threads; CUDA sums within a chunk in another
+// (fixed) order, the one difference between the two backends.
 #include "ops/fake_quantize_learned.h"
 
 #include <algorithm>
@@ -13,23 +16,17 @@
 #include <vector>
 
 #include "core/parallel.h"
+#include "ops/cuda/int8_launchers.h"
 #include "ops/fake_quantize.h"
+#include "ops/kernels/fake_quantize.h"
 #include "ops/op_utils.h"
 #include "ops/ops.h"
 
 namespace mg {
 namespace {
 
-// The integer grid of one op: [qmin, qmax] with zero point z.
-struct Grid {
-  float qmin, qmax, zero;
-};
-
-// How x / s is computed, exactly as the forward (and the int8 layer after conversion) does it:
-// per channel a division (quantize_per_channel), per tensor a product with 1 / s (quantize_u8).
-enum class ScaleDivision { exact, by_inverse };
-
-constexpr int64_t kChunk = 1 << 14;  // elements per partial sum of the scale's gradient
+using fq::Grid;
+using fq::ScaleDivision;
 
 class FakeQuantizeLearnedBackward : public Node {
  public:
@@ -40,6 +37,8 @@ class FakeQuantizeLearnedBackward : public Node {
   SavedTensor x{this}, scale{this};
 
  private:
+  void backward_cpu(const Tensor& dx, const Tensor& ds, const Tensor& xf, const Tensor& gf, const Tensor& s) const;
+
   const char* name_;
   Grid grid_;
   ScaleDivision division_;
@@ -49,7 +48,7 @@ class FakeQuantizeLearnedBackward : public Node {
 // x: (C, inner) as saved; dout like x; scale (C) (C = 1 per tensor) -> dx like x, dscale like scale.
 std::vector<Tensor> FakeQuantizeLearnedBackward::apply(std::vector<Tensor>&& g) {
   OpNameGuard op(name_);
-  const Tensor xs = x.unpack(), s = scale.unpack();
+  const Tensor xs = x.unpack(), s = contiguous(scale.unpack());
   Tensor dx, ds;
   if (needs_input_grad(0)) dx = empty(xs.shape(), {.dtype = DType::f32, .device = xs.device()});
   if (needs_input_grad(1)) ds = empty(s.shape(), {.dtype = DType::f32, .device = s.device()});
@@ -60,49 +59,57 @@ std::vector<Tensor> FakeQuantizeLearnedBackward::apply(std::vector<Tensor>&& g) 
       xf = contiguous(cast(xs, DType::f32));
       gf = contiguous(cast(g[0].detach(), DType::f32));
     }
-    const int64_t C = s.numel(), inner = xs.numel() / C, chunks = (inner + kChunk - 1) / kChunk;
-    const float* xp = xf.data<float>();
-    const float* gp = gf.data<float>();
-    const float* sp = s.data<float>();
-    float* dxp = dx.defined() ? dx.data<float>() : nullptr;
-    std::vector<double> partial(static_cast<size_t>(C * chunks), 0.0);  // (C, chunks), a few values
-    const Grid q = grid_;
-    const ScaleDivision division = division_;
-    parallel_for(0, C * chunks, 1, [&](int64_t w0, int64_t w1) {
-      for (int64_t w = w0; w < w1; ++w) {
-        const int64_t c = w / chunks, begin = c * inner + (w % chunks) * kChunk;
-        const int64_t end = std::min(begin + kChunk, (c + 1) * inner);
-        const float sc = sp[c], inv = 1.f / sc;
-        double sum = 0.0;
-        for (int64_t i = begin; i < end; ++i) {
-          const float v = division == ScaleDivision::exact ? xp[i] / sc : xp[i] * inv;
-          const float n = std::nearbyint(v), r = n + q.zero;
-          const bool inside = r >= q.qmin && r <= q.qmax;
-          if (dxp) dxp[i] = inside ? gp[i] : 0.f;
-          const float coef = inside ? n - v : r < q.qmin ? q.qmin - q.zero : q.qmax - q.zero;
-          sum += double(gp[i] * coef);
-        }
-        partial[size_t(w)] = sum;
-      }
-    });
-    if (ds.defined()) {
-      float* dsp = ds.data<float>();
-      for (int64_t c = 0; c < C; ++c) {
-        double sum = 0.0;
-        for (int64_t k = 0; k < chunks; ++k) sum += partial[size_t(c * chunks + k)];
-        dsp[c] = float(sum * grad_factor_);
-      }
+    if (xs.device().is_cuda()) {
+      cuda::fake_quantize_learned_backward(dx, ds, xf, gf, s, grid_, division_, grad_factor_);
+    } else {
+      backward_cpu(dx, ds, xf, gf, s);
     }
   }
   if (dx.defined() && xs.dtype() != DType::f32) dx = cast(dx, xs.dtype());
   return {dx, ds};
 }
 
+// The CPU kernel of apply(): xf, gf contiguous f32 (C, inner), s (C); dx, ds allocated or undefined.
+// partial (C, chunks): chunk k of channel c summed in f64 in element order, then the chunks of a
+// channel added in index order.
+void FakeQuantizeLearnedBackward::backward_cpu(const Tensor& dx, const Tensor& ds, const Tensor& xf, const Tensor& gf,
+                                               const Tensor& s) const {
+  constexpr int64_t kChunk = fq::kScaleGradChunk;
+  const int64_t C = s.numel(), inner = xf.numel() / C, chunks = (inner + kChunk - 1) / kChunk;
+  const float* xp = xf.data<float>();
+  const float* gp = gf.data<float>();
+  const float* sp = s.data<float>();
+  float* dxp = dx.defined() ? dx.data<float>() : nullptr;
+  std::vector<double> partial(static_cast<size_t>(C * chunks), 0.0);  // (C, chunks), a few values
+  const Grid q = grid_;
+  const ScaleDivision division = division_;
+  parallel_for(0, C * chunks, 1, [&](int64_t w0, int64_t w1) {
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t c = w / chunks, begin = c * inner + (w % chunks) * kChunk;
+      const int64_t end = std::min(begin + kChunk, (c + 1) * inner);
+      const float sc = sp[c], inv = 1.f / sc;
+      double sum = 0.0;
+      for (int64_t i = begin; i < end; ++i) {
+        bool inside;
+        const float coef = fq::lsq_coefficient(xp[i], sc, inv, q, division, inside);
+        if (dxp) dxp[i] = inside ? gp[i] : 0.f;
+        sum += double(gp[i] * coef);
+      }
+      partial[size_t(w)] = sum;
+    }
+  });
+  if (!ds.defined()) return;
+  float* dsp = ds.data<float>();
+  for (int64_t c = 0; c < C; ++c) {
+    double sum = 0.0;
+    for (int64_t k = 0; k < chunks; ++k) sum += partial[size_t(c * chunks + k)];
+    dsp[c] = float(sum * grad_factor_);
+  }
+}
+
 void check_input(const char* op, const Tensor& x) {
   check_defined(op, x, "input");
   check_floating(op, x);
-  MG_CHECK(!x.device().is_cuda(), op, ": not implemented on ", x.device().str(),
-           " (quantization-aware training runs on cpu devices)");
 }
 
 std::string describe(const Tensor& t) {
@@ -117,7 +124,11 @@ void check_scale(const char* op, const Tensor& x, const Tensor& scale, int64_t c
   MG_CHECK(std::isfinite(grad_factor) && grad_factor > 0, op, ": grad_factor must be positive and finite, got ",
            grad_factor);
   if (scale.is_meta()) return;
-  const Tensor s = contiguous(scale.detach());
+  Tensor s;  // read on the host: a copy of `channels` floats from cuda:N
+  {
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    s = contiguous(scale.device().is_cuda() ? to(scale.detach(), kCPU) : scale.detach());
+  }
   const float* sp = s.data<float>();
   for (int64_t c = 0; c < channels; ++c)
     MG_CHECK(std::isfinite(sp[c]) && sp[c] > 0, op, ": scale ", c, " is ", sp[c],

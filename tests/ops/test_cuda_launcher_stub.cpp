@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include "core/cuda/backend.h"
+#include "ops/cuda/int8_launchers.h"
 #include "ops/cuda/launchers.h"
 #include "ops/ops.h"
 
@@ -26,6 +27,11 @@ TEST_CASE("cuda launcher stub: every launcher throws 'built without CUDA' naming
                     Contains("cross_entropy") && without_cuda);
   CHECK_THROWS_WITH(cuda::dropout(out, a, 1, 0, 0.5), Contains("dropout") && without_cuda);
   CHECK_THROWS_WITH(cuda::sgd_step(a, b, Tensor(), Tensor(), {}), Contains("sgd step") && without_cuda);
+  CHECK_THROWS_WITH(cuda::fake_quantize_per_tensor(out, Tensor(), a, 0.1f, 10.f, 3),
+                    Contains("fake_quantize_per_tensor") && without_cuda);
+  CHECK_THROWS_WITH(cuda::fake_quantize_learned_backward(out, Tensor(), a, b, ones({2}), {0.f, 255.f, 3.f},
+                                                         fq::ScaleDivision::by_inverse, 0.1),
+                    Contains("fake_quantize_learned backward") && without_cuda);
   CHECK_FALSE(cuda::have_cudnn());
   CHECK_THROWS_WITH(cuda::fill(out, 1.0), Contains("fill_") && without_cuda);
   CHECK_THROWS_WITH(cuda::copy(out, a), Contains("copy_") && without_cuda);
