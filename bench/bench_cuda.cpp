@@ -6,6 +6,7 @@
 //   softmax and layer_norm bandwidth as a fraction of the cudaMemcpy bandwidth;
 //   one MobileNetV2 inverted-residual block (batch 32, 112x112, 16 -> 96 -> 24, stride 2)
 //   forward + backward on cuDNN (ms per step, images/s);
+//   gpt2-124m's attention forward + backward, flash kernels vs the math path (ms, own peak MiB);
 //   the int8 GEMM 4096^3 (ops/cuda/int8_gemm.cu, u8 x s8 -> f32 epilogue; TOPS) vs f32 matmul.
 // Prints one table, then "RESULT <name> <value> <unit> <ratio>" lines for scripts to collect.
 // A standalone program (no Google Benchmark), so a machine with only the CUDA toolkit runs it.
@@ -170,6 +171,36 @@ void bench_mobilenet_block() {
   add_row("MobileNetV2 block fwd+bwd (32, 16, 112, 112)", ms, "ms", "images/s " + std::to_string(int(N / ms * 1e3)), 0);
 }
 
+// ---- attention: the flash kernels against the math path ------------------------------------------
+
+// gpt2-124m's attention (B 8, NH 12, T 1024, HS 64, causal, f32) forward + backward: ms per step
+// and the peak bytes a step adds beyond q, k, v, dout (for the flash path: the output, lse and D;
+// for the math path also the (B, NH, T, T) weights and their scratch).
+void bench_attention() {
+  const int64_t B = 8, NH = 12, T = 1024, HS = 64;
+  Tensor q = gpu_uniform({B, NH, T, HS}, 19).set_requires_grad(true);
+  Tensor k = gpu_uniform({B, NH, T, HS}, 20).set_requires_grad(true);
+  Tensor v = gpu_uniform({B, NH, T, HS}, 21).set_requires_grad(true);
+  Tensor dout = gpu_uniform({B, NH, T, HS}, 22);
+  double ms[2], mib[2];
+  for (int flash = 0; flash < 2; ++flash) {
+    auto step = [&] {
+      Tensor out = flash ? scaled_dot_product_attention(q, k, v, true) : scaled_dot_product_attention_math(q, k, v, true);
+      backward(out, dout);
+      for (Tensor* t : {&q, &k, &v}) t->set_grad(Tensor());
+    };
+    step();
+    MG_CUDA_CHECK(cudaStreamSynchronize(cuda::stream(0)));
+    const int64_t base = memory_stats(kGPU).allocated.current;
+    reset_peak_stats(kGPU);
+    step();
+    mib[flash] = double(memory_stats(kGPU).allocated.peak - base) / (1 << 20);
+    ms[flash] = time_ms(step);
+  }
+  add_row("attention fwd+bwd flash (8, 12, 1024, 64)", ms[1], "ms", "math path", ms[0]);
+  add_row("attention flash own peak", mib[1], "MiB", "math path", mib[0]);
+}
+
 // ---- int8 GEMM ------------------------------------------------------------------------------
 
 void bench_int8_gemm() {
@@ -205,6 +236,7 @@ int main() {
     bench_matmul();
     bench_bandwidth();
     bench_mobilenet_block();
+    bench_attention();
     bench_int8_gemm();
     std::printf("\n%-46s %12s %-8s %-28s %6s\n", "benchmark", "memgrad", "unit", "reference", "ratio");
     for (const Row& r : g_rows)

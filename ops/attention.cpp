@@ -1,5 +1,5 @@
 // Scaled dot-product attention, the "math" path with materialised scores: the reference the
-// tiled default (ops/flash_attention.cpp) is tested against, and the path on cuda:N. Per (batch, head)
+// tiled default (ops/flash_attention.cpp, on every device) is tested against. Per (batch, head)
 // slice: S = q k^T / sqrt(HS) (T, T), causal mask (j > i dropped), softmax per row in f32 (f64
 // for f64), optional dropout on the weights, out = P v. Products go through cpu_gemm: slices
 // run in parallel with single-threaded GEMMs when small, else in turn with threaded GEMMs.
@@ -10,7 +10,7 @@
 // gradient is needed, and the attention weights P (B, NH, T, T) before dropout, in the input
 // dtype (for dv = P^T dout and the softmax gradient). The dropout mask is not saved: it is
 // recomputed from (seed, offset), two integers. Without a graph P lives in workspace memory.
-// On cuda:N the same steps run on strided-batched cuBLAS GEMMs (ops/cuda/attention.cu).
+// Called explicitly on cuda:N, the same steps run on strided-batched cuBLAS GEMMs (ops/cuda/attention.cu).
 #include <cmath>
 #include <limits>
 #include <optional>
@@ -249,8 +249,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   if (autocast_wants_low({q, k, v}))
     return scaled_dot_product_attention(autocast_low(q), autocast_low(k), autocast_low(v), causal, dropout_p, gen);
   attention_detail::check_inputs("scaled_dot_product_attention", q, k, v, dropout_p);
-  if (q.device().is_cuda()) return scaled_dot_product_attention_math(q, k, v, causal, dropout_p, gen);
-  return flash_attention(q, k, v, causal, dropout_p, gen);
+  return flash_attention(q, k, v, causal, dropout_p, gen);  // cpu:N, meta and cuda:N alike
 }
 
 Tensor scaled_dot_product_attention_math(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,

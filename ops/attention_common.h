@@ -1,5 +1,5 @@
 // What the two attention paths share (ops/attention.cpp, the materialised reference, and
-// ops/flash_attention.cpp, the tiled default on the CPU): input checks, the compute dtype (f32,
+// ops/flash_attention.cpp, the tiled default on every device): input checks, the compute dtype (f32,
 // f64 for f64) and the workspace copies that bring 16-bit or oddly strided operands to it.
 // Dropout rule of both: weight (s, i, j) is kept iff uniform(seed, offset + (s*T + i)*T + j) >= p.
 #pragma once
@@ -38,8 +38,8 @@ DropoutDraw reserve_dropout(double p, Generator* gen, int64_t S, int64_t T);
 }  // namespace mg::attention_detail
 
 namespace mg {
-// The tiled path (ops/flash_attention.cpp), called by scaled_dot_product_attention after
-// check_inputs on cpu:N and meta.
+// The tiled path (ops/flash_attention.cpp, kernels for cuda:N in ops/cuda/flash_attention.cu),
+// called by scaled_dot_product_attention after check_inputs on every device.
 Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double dropout_p,
                        Generator* gen);
 }  // namespace mg

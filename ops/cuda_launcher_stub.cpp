@@ -80,6 +80,16 @@ void attention_backward(const AttentionDims&, const Tensor& q, const Tensor&, co
   no_cuda("attention backward", q);
 }
 
+void flash_attention_forward(const FlashAttentionDims&, const Tensor& q, const Tensor&, const Tensor&, const Tensor&,
+                             const Tensor&) {
+  no_cuda("flash attention", q);
+}
+void flash_attention_backward(const FlashAttentionDims&, const Tensor& q, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                              const Tensor&) {
+  no_cuda("flash attention backward", q);
+}
+
 void max_pool2d_forward(const Pool2dGeom&, const Tensor& x, const Tensor&, const Tensor&) { no_cuda("max_pool2d", x); }
 void max_pool2d_backward(const Pool2dGeom&, const Tensor& dout, const Tensor&, const Tensor&) {
   no_cuda("max_pool2d backward", dout);

@@ -5,6 +5,10 @@
 // P = exp(q k^T scale - lse), dv += Pd^T dout, dS = P * (dP * z - D) * scale with dP = dout v^T and
 // D = rowsum(dout * out), dq += dS k, dk += dS^T q. The dropout factors z are regenerated from the
 // Philox stream with the math path's rule (ops/attention_common.h), so both give the same result.
+// On cuda:N the same function and node run the kernels of ops/cuda/flash_attention.cu: the same
+// saved tensors, FLOP counts and memory categories; the lanes' workspace below is the CPU's
+// (a meta step models it), where CUDA's blocks use shared memory and backward takes a (B, NH, T)
+// workspace for D instead.
 //
 // Note [Attention lanes]: tiles run on a fixed number of lanes (kLanes, fewer when there is less
 // work), each with its own tile workspace from the allocator; tasks are dealt to lanes by index, so
@@ -18,6 +22,7 @@
 
 #include "ops/attention_common.h"
 #include "ops/attention_tiles.h"
+#include "ops/cuda/launchers.h"
 #include "ops/kernels/elementwise_functors.h"
 #include "core/flop_counter.h"
 #include "core/parallel.h"
@@ -267,10 +272,18 @@ double attention_flops(const FlashDims& d, int products) {
   return 2.0 * products * double(d.S()) * scores * double(d.HS);
 }
 
-// The lane workspace of a kernel: shapes only decide its size (Note [Attention lanes]).
+// The lane workspace of a kernel: shapes only decide its size (Note [Attention lanes]). None on
+// cuda:N, whose kernels keep their tiles in shared memory.
 Tensor lane_workspace(const FlashDims& d, int64_t tasks, int64_t per_lane, DType c, Device dev) {
+  if (dev.is_cuda()) return Tensor();
   MemoryCategoryGuard ws(MemoryCategory::workspace);
   return empty({std::min(kLanes, std::max<int64_t>(tasks, 1)), per_lane}, {.dtype = c, .device = dev});
+}
+
+// The same dims for the CUDA kernels (ops/cuda/flash_attention.cu).
+cuda::FlashAttentionDims cuda_dims(const FlashDims& d) {
+  return {.B = d.B, .NH = d.NH, .T = d.T, .HS = d.HS, .causal = d.causal, .scale = d.scale, .p = d.drop.p,
+          .seed = d.drop.seed, .offset = d.drop.offset};
 }
 
 class FlashAttentionBackward : public Node {
@@ -305,8 +318,15 @@ class FlashAttentionBackward : public Node {
                          lse_t.data<C>(), operand<const C>(gc), operand<C>(dqc), operand<C>(dkc), operand<C>(dvc),
                          ws.data<C>());
     };
-    if (c == DType::f64) run(0.0);
-    else run(0.0f);
+    if (out_t.device().is_cuda()) {
+      // D = rowsum(dout * out) (B, NH, T), read by the dq and the dk kernels.
+      Tensor dsum = want_ds ? empty({d_.B, d_.NH, d_.T}, {.dtype = c, .device = out_t.device()}) : Tensor();
+      cuda::flash_attention_backward(cuda_dims(d_), qc, kc, vc, oc, lse_t, gc, dsum, dqc, dkc, dvc);
+    } else if (c == DType::f64) {
+      run(0.0);
+    } else {
+      run(0.0f);
+    }
     if (dq.defined()) finish(dq, dqc);
     if (dk.defined()) finish(dk, dkc);
     if (dv.defined()) finish(dv, dvc);
@@ -357,7 +377,8 @@ Tensor flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool c
         forward_kernel<C>(d, operand<const C>(qc), operand<const C>(kc), operand<const C>(vc), operand<C>(oc),
                           lse.data<C>(), ws.data<C>());
       };
-      if (c == DType::f64) run(0.0);
+      if (q.device().is_cuda()) cuda::flash_attention_forward(cuda_dims(d), qc, kc, vc, oc, lse);
+      else if (c == DType::f64) run(0.0);
       else run(0.0f);
       finish(out, oc);
     }

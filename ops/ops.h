@@ -165,9 +165,10 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim);  //
 
 // ---- attention (attention.cpp, flash_attention.cpp) -------------------------------------------
 // q, k, v: (B, NH, T, HS) -> (B, NH, T, HS); softmax(q k^T / sqrt(HS) + causal mask) v; dropout
-// on the attention weights when dropout_p > 0. On cpu:N and meta the tiled (flash) path: no
-// (B, NH, T, T) tensor, saves the output and the row log-sum-exp; its output (and q, k, v's
-// gradients) are (B, T, NH, HS)-laid-out views, so merging heads is free. On cuda:N the math path.
+// on the attention weights when dropout_p > 0. The tiled (flash) path on every device (cpu:N,
+// cuda:N, meta): no (B, NH, T, T) tensor, saves the output and the row log-sum-exp; its output (and
+// q, k, v's gradients) are (B, T, NH, HS)-laid-out views, so merging heads is free. On cuda:N the
+// head size is at most 128.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = true,
                                     double dropout_p = 0.0, Generator* gen = nullptr);
 // The materialised reference: (B, NH, T, T) weights computed whole and saved. Same values within

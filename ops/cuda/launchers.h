@@ -85,7 +85,7 @@ void batch_norm_backward(const Tensor& dx, const Tensor& dw, const Tensor& db, c
 // any strides (transposed views go to cuBLAS as transposed operands), batch dims broadcast.
 void matmul(const Tensor& out, const Tensor& a, const Tensor& b, const Tensor& bias);
 
-// ---- attention (attention.cu): the math path of ops/attention.cpp on strided-batched GEMMs ----------
+// ---- attention (attention.cu): the math path of ops/attention.cpp (scaled_dot_product_attention_math) ---
 struct AttentionDims {
   int64_t S, T, HS;  // slices (B * NH), sequence length, head size
   bool causal;
@@ -101,6 +101,26 @@ void attention_forward(const AttentionDims& d, const Tensor& q, const Tensor& k,
 // (S, T, T)), dq = dS k, dk = dS^T q. Undefined outputs are not computed (nor their inputs read).
 void attention_backward(const AttentionDims& d, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& p,
                         const Tensor& dout, const Tensor& buf, const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+// ---- flash attention (flash_attention.cu): the tiled path of ops/flash_attention.cpp, the default -----
+struct FlashAttentionDims {
+  int64_t B, NH, T, HS;
+  bool causal;
+  double scale;  // 1 / sqrt(HS)
+  double p;      // dropout on the weights (0: none), mask = Philox(seed, offset + (s*T + i)*T + j)
+  uint64_t seed, offset;
+};
+// q, k, v, out (B, NH, T, HS): any strides with a contiguous last dimension; lse (B, NH, T)
+// contiguous; all in the compute dtype (f32 or f64); HS <= 128 (else an error). out = (dropped)
+// softmax(scale q k^T, causal) v and lse its rows' log-sum-exp, with no (T, T) buffer.
+void flash_attention_forward(const FlashAttentionDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& out, const Tensor& lse);
+// From out, lse and dout (laid out as q): dq, dk, dv, each undefined when not wanted (nor computed);
+// v and dsum (B, NH, T) contiguous, where D = rowsum(dout * out) goes, only needed for dq or dk.
+// Deterministic: each gradient row is written by one block, no atomics.
+void flash_attention_backward(const FlashAttentionDims& d, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const Tensor& dout, const Tensor& dsum,
+                              const Tensor& dq, const Tensor& dk, const Tensor& dv);
 
 // ---- pooling (pool.cu): x, out, dout, dx contiguous (N, C, H, W) ----------------------------------------
 struct Pool2dGeom {

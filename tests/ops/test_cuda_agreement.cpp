@@ -306,16 +306,20 @@ TEST_CASE("cuda agreement: matmul and linear (batched, broadcast, transposed, 16
   }
 }
 
-TEST_CASE("cuda agreement: attention (causal, dropout) on strided-batched GEMMs", "[cuda]") {
+// The default (flash) path on both devices, and the math path (strided-batched GEMMs on cuda:0);
+// tests/ops/test_cuda_flash_attention.cpp has the flash kernels' own cases.
+TEST_CASE("cuda agreement: attention with causal masks and dropout on the flash and the math paths", "[cuda]") {
   MG_REQUIRE_CUDA();
-  for (double p : {0.0, 0.2}) {
-    for (bool causal : {true, false}) {
-      agree("attention", [&](Device d) {
-        Tensor q = leaf(rnd({2, 3, 19, 8}, 47, d)), k = leaf(rnd({2, 3, 19, 8}, 48, d));
-        Tensor v = leaf(rnd({2, 3, 19, 8}, 49, d));
-        Generator g(1234);
-        return with_grads(scaled_dot_product_attention(q, k, v, causal, p, &g), {q, k, v});
-      });
+  for (auto* attn : {&scaled_dot_product_attention, &scaled_dot_product_attention_math}) {
+    for (double p : {0.0, 0.2}) {
+      for (bool causal : {true, false}) {
+        agree(attn == &scaled_dot_product_attention ? "attention" : "attention math", [&](Device d) {
+          Tensor q = leaf(rnd({2, 3, 19, 8}, 47, d)), k = leaf(rnd({2, 3, 19, 8}, 48, d));
+          Tensor v = leaf(rnd({2, 3, 19, 8}, 49, d));
+          Generator g(1234);
+          return with_grads(attn(q, k, v, causal, p, &g), {q, k, v});
+        });
+      }
     }
   }
 }

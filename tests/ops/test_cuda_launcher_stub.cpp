@@ -26,6 +26,9 @@ TEST_CASE("cuda launcher stub: every launcher throws 'built without CUDA' naming
   CHECK_THROWS_WITH(cuda::cross_entropy_count(from_vector(std::vector<double>{0, 1}, {2}, {.dtype = DType::i64}), 2, -100),
                     Contains("cross_entropy") && without_cuda);
   CHECK_THROWS_WITH(cuda::dropout(out, a, 1, 0, 0.5), Contains("dropout") && without_cuda);
+  CHECK_THROWS_WITH(cuda::flash_attention_forward({}, a, a, a, out, a), Contains("flash attention") && without_cuda);
+  CHECK_THROWS_WITH(cuda::flash_attention_backward({}, a, a, a, out, a, a, Tensor(), out, Tensor(), Tensor()),
+                    Contains("flash attention backward") && without_cuda);
   CHECK_THROWS_WITH(cuda::sgd_step(a, b, Tensor(), Tensor(), {}), Contains("sgd step") && without_cuda);
   CHECK_THROWS_WITH(cuda::fake_quantize_per_tensor(out, Tensor(), a, 0.1f, 10.f, 3),
                     Contains("fake_quantize_per_tensor") && without_cuda);
