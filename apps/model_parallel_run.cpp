@@ -42,6 +42,10 @@ std::optional<ModelParallelRun> place_model(const ModelParallelOptions& o, Modul
     }
   };
   ModelParallelRun run{.placement = place(), .devices = devices};
+  // What the moved modules left cached on the home device goes back, budget or not, so the
+  // steps' blocks are cut alike with and without --memory-limit (memgrad plan's split rows are
+  // measured without one).
+  empty_cache(home);
   run.notes.push_back("model parallel: " + o.str() + "; " + run.placement.str());
   if (o.split && o.split->kind == SplitSpec::Kind::balanced) {
     run.predicted = plan.predicted;
@@ -50,7 +54,7 @@ std::optional<ModelParallelRun> place_model(const ModelParallelOptions& o, Modul
     run.notes.push_back(cut);
   }
   for (const auto& [device, bytes] : limits) {
-    if (device == home) set_memory_limit(device, size_t(bytes));  // releases what the moved modules left cached
+    if (device == home) set_memory_limit(device, size_t(bytes));
     const int64_t reserved = memory_stats(device).reserved.current;
     if (reserved > bytes)
       throw with_placement(OutOfMemoryError("out of memory on " + device.str() + ": the modules placed there take " +

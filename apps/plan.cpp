@@ -35,14 +35,66 @@ PlanWorkload workload_of(const PlanWorkload& w, const Combination& c) {
   return out;
 }
 
-// Whether a candidate runs under the budget: the allocator caps reserved bytes, and a step whose
-// reserved peak passes the budget may still fit once cached segments are released, so that case
-// is decided by running the step on meta under the budget itself.
-bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& meta, const StepMemory& m, int64_t budget) {
-  if (budget <= 0 || m.reserved <= budget) return true;
-  if (m.peak > budget) return false;
+// Note [Splits on meta]: a split row runs on meta devices in place of its real ones, meta:8,
+// meta:9, ... by position in --devices (the model built on the one standing for --device, or on
+// meta:0 when the split does not use it). --split balanced searches its cuts on meta:1..K
+// (measure_on_meta) while the model is being placed, so the row's own devices start above them.
+constexpr int kFirstSplitMeta = 8;
+
+struct OnMeta {
+  Device home;                    // where the model is built
+  ModelParallelOptions parallel;  // the split over meta devices (inactive: one device)
+};
+OnMeta on_meta(const Combination& c, const Device& device) {
+  OnMeta m{.home = Device(DeviceType::meta, 0), .parallel = c.parallel};
+  for (size_t i = 0; i < c.parallel.devices.size(); ++i) {
+    const Device d(DeviceType::meta, kFirstSplitMeta + int(i));
+    if (c.parallel.devices[i] == device) m.home = d;
+    m.parallel.devices[i] = d;
+  }
+  return m;
+}
+// A split row's devices under their real names (meta:8 -> the first of --devices, ...).
+std::vector<StepMeasurement::DeviceMemory> named_devices(const Combination& c, std::vector<StepMeasurement::DeviceMemory> d) {
+  if (!c.parallel.active()) return {};
+  for (size_t i = 0; i < d.size(); ++i) d[i].device = c.parallel.devices[size_t(d[i].device.index - kFirstSplitMeta)];
+  return d;
+}
+
+// A split row's step on meta; its errors (a split the model does not allow) name the real
+// devices and the combination, not the meta devices standing in for them.
+StepMeasurement measure_on_meta(const PlanWorkload& w, const Combination& c, const Device& device, int steps,
+                                int64_t budget) {
+  const OnMeta meta = on_meta(c, device);
   try {
-    measure_step(workload_of(w, c), c.techniques, meta, kUntilSteady, budget);
+    return measure_step(workload_of(w, c), c.techniques, meta.home, steps, budget, meta.parallel);
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error& e) {
+    if (!c.parallel.active()) throw;
+    std::string msg = e.what();
+    for (size_t i = c.parallel.devices.size(); i-- > 0;) {
+      const std::string from = Device(DeviceType::meta, kFirstSplitMeta + int(i)).str();
+      for (size_t at = msg.find(from); at != std::string::npos; at = msg.find(from, at))
+        msg.replace(at, from.size(), c.parallel.devices[i].str());
+    }
+    MG_THROW("plan: '", c.name, "': ", msg);
+  }
+}
+
+// Whether a candidate runs under the budget (on every device of a split): the allocator caps
+// reserved bytes, and a step whose reserved peak passes the budget may still fit once cached
+// segments are released, so that case is decided by running the step on meta under the budget.
+// That run's memory then replaces `m`'s: under pressure the allocator releases and cuts its
+// blocks otherwise, so it is what a run under this budget allocates.
+bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& device, int steps, int64_t budget,
+                 StepMeasurement& m) {
+  bool all_reserved = true, any_peak = false;
+  for (const auto& d : m.devices) all_reserved = all_reserved && d.memory.reserved <= budget, any_peak = any_peak || d.memory.peak > budget;
+  if (budget <= 0 || all_reserved) return true;
+  if (any_peak) return false;
+  try {
+    m = measure_on_meta(w, c, device, steps, budget);
     return true;
   } catch (const OutOfMemoryError&) {
     return false;
@@ -55,8 +107,10 @@ void estimate_from_steps(Plan& p, const PlanOptions& o) {
   // The pieces are keyed by the workload's optimizer too: each optimizer among the rows (the
   // run's, adam8bit's) times its own.
   std::map<OptimizerKind, std::vector<TechniqueOptions>> shapes;
+  // Split rows keep the FLOP estimate: their pieces would be split steps of their own.
+  auto timed = [](const PlanRow& r) { return r.fits && !r.combination.parallel.active(); };
   for (const PlanRow& r : p.rows)
-    if (r.fits) shapes[r.combination.optimizer_for(p.workload.optimizer)].push_back(r.combination.techniques);
+    if (timed(r)) shapes[r.combination.optimizer_for(p.workload.optimizer)].push_back(r.combination.techniques);
   StepPieces pieces = o.pieces ? *o.pieces : StepPieces::cached(p.cpu_time);
   pieces.cpu_time = p.cpu_time;
   for (const auto& [kind, of_kind] : shapes) {
@@ -66,7 +120,7 @@ void estimate_from_steps(Plan& p, const PlanOptions& o) {
   }
   if (!o.pieces && pieces.timed_now > 0) pieces.save();
   for (PlanRow& r : p.rows)
-    if (r.fits) {
+    if (timed(r)) {
       r.estimated_ms = pieces.estimate_ms(workload_of(p.workload, r.combination), r.combination.techniques).value();
       r.from_steps = true;
     }
@@ -84,8 +138,11 @@ void verify(Plan& p, const PlanOptions& o) {
       if (!row.measured_fits) continue;
       try {
         const StepMeasurement m = measure_step(workload_of(p.workload, row.combination), row.combination.techniques, p.device,
-                                               round == 0 ? int(o.verify_steps) : 2, p.budget);
-        if (round == 0) row.measured = m.memory;
+                                               round == 0 ? int(o.verify_steps) : 2, p.budget, row.combination.parallel);
+        if (round == 0) {
+          row.measured = m.memory;
+          if (row.combination.parallel.active()) row.measured_devices = m.devices;
+        }
         const std::vector<double>& t = p.cpu_time ? m.timed_cpu_ms : m.timed_ms;
         times[i].insert(times[i].end(), t.begin(), t.end());
       } catch (const OutOfMemoryError&) {
@@ -143,22 +200,34 @@ Plan make_plan(const PlanOptions& o) {
     MG_CHECK(p.budget > 0, "plan: --memory-limit must be positive, got '", o.memory_limit, "'");
   }
   p.num_parameters = p.workload.num_parameters();
+  MG_CHECK(o.devices.size() < size_t(kMaxDevicesPerType - kFirstSplitMeta), "plan: --devices takes at most ",
+           kMaxDevicesPerType - kFirstSplitMeta - 1, " devices, got ", o.devices.size());
   const std::vector<Combination> combos =
       parse_combinations(o.techniques.empty() ? default_candidates(p.workload.batch) : o.techniques, p.workload.batch,
-                         p.device);
+                         p.device, o.devices);
+  for (const Combination& c : combos) {
+    MG_CHECK(!c.parallel.pipeline, "plan: '", c.name, "': pipelined splits are not planned yet (plan split=stages:K "
+             "without pipeline=; memgrad bench measures pipelines)");
+    MG_CHECK(!(c.parallel.active() && c.techniques.offload_activations), "plan: '", c.name,
+             "': a split model does not offload activations");
+    MG_CHECK(!(c.parallel.split && c.parallel.split->kind == SplitSpec::Kind::stages &&
+               c.parallel.split->stages != int64_t(o.devices.size())),
+             "plan: '", c.name, "': stages:", c.parallel.split ? c.parallel.split->stages : 0, " needs ",
+             c.parallel.split ? c.parallel.split->stages : 0, " devices, --devices gives ", o.devices.size());
+  }
   p.calibration = o.calibration ? *o.calibration : Calibration::of_this_machine();
-  const Device meta(DeviceType::meta, 0);
   const auto t0 = std::chrono::steady_clock::now();
   for (const Combination& c : combos) {
     PlanRow row{.combination = c};
     // --verify runs the device for verify_steps: the meta step then runs as many (Note [Steady state]).
-    const StepMeasurement m =
-        measure_step(workload_of(p.workload, c), c.techniques, meta, o.verify ? int(o.verify_steps) : kUntilSteady);
+    const int steps = o.verify ? int(o.verify_steps) : kUntilSteady;
+    StepMeasurement m = measure_on_meta(p.workload, c, p.device, steps, 0);
+    row.fits = fits_budget(p.workload, c, p.device, steps, p.budget, m);
     row.memory = m.memory;
+    row.devices = named_devices(c, m.devices);
     row.flops = m.flops;
     row.allocated_bytes = m.allocated_bytes;
     row.estimated_ms = p.calibration.estimate_ms(m.flops, double(m.allocated_bytes));
-    row.fits = fits_budget(p.workload, c, meta, m.memory, p.budget);
     p.rows.push_back(row);
   }
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -215,6 +284,9 @@ std::string Plan::table() const {
   std::snprintf(line, sizeof line, "%-26s %9s %9s %9s %9s %9s %9s %10s %10s %5s %10s %6s", "combination", "param",
                 "grad", "optim", "activ", "work", "input", "peak", "reserved", "fits", "est ms", "from");
   os << line << (verified ? "  measured peak  measured ms   est/meas" : "") << "\n";
+  if (std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return !r.devices.empty(); }))
+    os << "split rows: the row is its fullest device; each device's own peaks follow it (what it holds at the end; "
+          "'fits': every device under the budget; est ms: the whole step's FLOPs and bytes, the devices in turn)\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const PlanRow& r = rows[i];
     auto cat = [&](MemoryCategory k) { return mib(r.memory.category[size_t(k)]); };
@@ -233,6 +305,23 @@ std::string Plan::table() const {
       os << "  out of memory";
     }
     os << "\n";
+    for (size_t k = 0; k < r.devices.size(); ++k) {  // a split row: each device's own peaks
+      const StepMeasurement::DeviceMemory& d = r.devices[k];
+      auto dcat = [&](MemoryCategory c) { return mib(d.memory.category[size_t(c)]); };
+      std::snprintf(line, sizeof line, "  %-24s %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f %10.2f", d.device.str().c_str(),
+                    dcat(MemoryCategory::parameter), dcat(MemoryCategory::gradient),
+                    dcat(MemoryCategory::optimizer_state), dcat(MemoryCategory::activation),
+                    dcat(MemoryCategory::workspace), dcat(MemoryCategory::input), mib(d.memory.peak),
+                    mib(d.memory.reserved));
+      os << line;
+      if (k < r.measured_devices.size()) {
+        const int64_t measured = r.measured_devices[k].memory.peak;
+        std::snprintf(line, sizeof line, "  %5s %10s %6s  %10.2f %s", "", "", "", mib(measured),
+                      measured == d.memory.peak ? "=" : "!");
+        os << line;
+      }
+      os << "  holds " << d.modules << "\n";
+    }
   }
   if (recommended >= 0) {
     const PlanRow& r = rows[size_t(recommended)];
@@ -288,6 +377,19 @@ nlohmann::json Plan::to_json() const {
     for (MemoryCategory c : kAllMemoryCategories)
       j["peak_" + std::string(category_name(c)) + "_bytes"] = r.memory.category[size_t(c)];
     for (size_t k = 0; k < kNumFlopKinds; ++k) j["flops_" + std::string(flop_kind_name(FlopKind(k)))] = r.flops.flops[k];
+    if (!r.devices.empty()) {  // a split row: each device's peaks
+      nlohmann::json devices = nlohmann::json::array();
+      for (size_t k = 0; k < r.devices.size(); ++k) {
+        const StepMeasurement::DeviceMemory& d = r.devices[k];
+        nlohmann::json dj{{"device", d.device.str()}, {"modules", d.modules}, {"peak_bytes", d.memory.peak},
+                          {"reserved_bytes", d.memory.reserved}};
+        for (MemoryCategory c : kAllMemoryCategories)
+          dj["peak_" + std::string(category_name(c)) + "_bytes"] = d.memory.category[size_t(c)];
+        if (k < r.measured_devices.size()) dj["measured_peak_bytes"] = r.measured_devices[k].memory.peak;
+        devices.push_back(dj);
+      }
+      j["devices"] = devices;
+    }
     if (r.measured) {
       j["measured_peak_bytes"] = r.measured->peak;
       j["measured_ms_per_step"] = r.measured_ms;

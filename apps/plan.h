@@ -24,6 +24,7 @@ struct PlanOptions {
   std::string model = "gpt-mini";   // a name PlanWorkload::named knows
   int64_t batch = 0;                // 0: the workload's
   std::string device = "cpu:0";     // the device the run would train on
+  std::vector<Device> devices{};    // --devices: what split= candidates cut the model over
   std::string memory_limit{};       // the budget, e.g. "512MiB" ("": none, every candidate fits)
   std::string techniques{};         // bench's syntax; "": the default candidates (default_candidates)
   std::string optimizer = "adamw";  // adamw, adamw8bit or sgd
@@ -48,7 +49,9 @@ struct PlanOptions {
 
 struct PlanRow {
   Combination combination;
-  StepMemory memory{};       // meta: exact, per category
+  StepMemory memory{};       // meta: exact, per category (a split: its fullest device's)
+  // A split row: each device's memory (meta, named by the real devices) and what lives there.
+  std::vector<StepMeasurement::DeviceMemory> devices{};
   FlopCounts flops{};
   int64_t allocated_bytes = 0;
   double estimated_ms = 0.0;
@@ -56,6 +59,7 @@ struct PlanRow {
   bool fits = true;
   // --verify: the same step run on the device.
   std::optional<StepMemory> measured{};
+  std::vector<StepMeasurement::DeviceMemory> measured_devices{};  // a split row
   double measured_ms = 0.0;
   bool measured_fits = true;
 };
@@ -85,7 +89,8 @@ struct Plan {
 // when 4 does not divide the batch), plus offload on the plain and on the checkpointed fp32 runs.
 std::string default_candidates(int64_t batch);
 
-// Throws on a bad model, device, budget or technique; and when the budget is below what the
+// Throws on a bad model, device, budget or technique (split= without --devices, pipeline=, a
+// split with offload); and when the budget is below what the
 // parameters alone take, naming the least any candidate needs and what lowers it.
 Plan make_plan(const PlanOptions& options);
 

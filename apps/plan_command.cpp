@@ -1,12 +1,15 @@
-// `memgrad plan --model M --batch B [--memory-limit X] [--techniques LIST] [--json] [--verify]`:
-// the exact memory of each combination of techniques from one step on meta, whether it fits the
-// budget, its estimated step time, and the recommended combination (apps/plan.h).
+// `memgrad plan --model M --batch B [--memory-limit X] [--techniques LIST] [--devices D0,D1] [--json] [--verify]`:
+// the exact memory of each combination of techniques from one step on meta (a split: on each of
+// its devices), whether it fits the budget, its estimated step time, and the recommended
+// combination (apps/plan.h).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <memory>
 
 #include "apps/commands.h"
 #include "apps/plan.h"
+#include "apps/technique_flags.h"
+#include "parallel/split.h"
 
 namespace mg {
 
@@ -20,9 +23,13 @@ void add_plan_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--batch", o->batch, "examples per step (default: the workload's: 8 for GPT, 64 / 32 for MobileNetV2)");
   cmd->add_option("--device", o->device, "the device the run would train on (cpu:N)")->capture_default_str();
+  cmd->add_option_function<std::string>(
+      "--devices", [o](const std::string& s) { o->devices = parse_flag("--devices", s, parse_devices); },
+      "devices the split= candidates cut the model over, e.g. cpu:0,cpu:1 (each device's peaks under its row; "
+      "--memory-limit is then every device's budget)");
   cmd->add_option("--memory-limit", o->memory_limit, "the device's budget, e.g. 512MiB or 24GiB (default: none)");
   cmd->add_option("--techniques", o->techniques,
-                  "the candidates in memgrad bench's syntax, e.g. none,ckpt,bf16+accum8 (default: every checkpoint "
+                  "the candidates in memgrad bench's syntax, e.g. none,ckpt,bf16+accum8,split=balanced (default: every checkpoint "
                   "policy x precision x {no accumulation, accum4}, and offload)");
   cmd->add_option("--optimizer", o->optimizer, "adamw, adamw8bit or sgd")->capture_default_str();
   cmd->add_flag("--json", *json, "print the rows as a JSON list instead of the table");

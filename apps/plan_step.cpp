@@ -1,12 +1,16 @@
 // One measured training step of a workload on any device (see plan_step.h). It mirrors what the
 // training commands run: the model built on the device (parameters), precision and checkpointing
 // applied, the commands' optimizer, the loader's batches allocated before the step (inputs), and
-// one Trainer step per measurement with the commands' micro-batch loss.
+// one Trainer step per measurement with the commands' micro-batch loss; a split model placed on
+// its devices as the commands place it.
 #include "apps/plan_step.h"
 
+#include <algorithm>
 #include <atomic>
 #include <ctime>
+#include <deque>
 
+#include "apps/model_parallel_run.h"
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
 #include "core/error.h"
@@ -15,6 +19,8 @@
 #include "ops/ops.h"
 #include "optim/clip_grad.h"
 #include "optim/trainer.h"
+#include "parallel/placement.h"
+#include "parallel/split.h"
 
 namespace mg {
 
@@ -46,12 +52,13 @@ Batches make_batches(const PlanWorkload& w, const Device& d) {
 
 // Sums the bytes allocated on the step's devices while alive.
 struct AllocatedBytes : AllocatorObserver {
-  AllocatedBytes(Device a, std::optional<Device> b) : a(a), b(b) { add_allocator_observer(this); }
+  AllocatedBytes(std::vector<Device> a, std::optional<Device> b) : a(std::move(a)), b(b) { add_allocator_observer(this); }
   ~AllocatedBytes() override { remove_allocator_observer(this); }
   void on_event(const MemoryEvent& e) override {
-    if (e.kind == MemoryEvent::Kind::alloc && (e.device == a || (b && e.device == *b))) bytes += int64_t(e.requested);
+    if (e.kind == MemoryEvent::Kind::alloc && (std::find(a.begin(), a.end(), e.device) != a.end() || (b && e.device == *b)))
+      bytes += int64_t(e.requested);
   }
-  Device a;
+  std::vector<Device> a;
   std::optional<Device> b;
   std::atomic<int64_t> bytes{0};
 };
@@ -81,6 +88,15 @@ std::shared_ptr<Module> build(const PlanWorkload& w, const Device& d) {
   Generator gen(0);  // its own stream: measuring never moves the user's
   if (w.is_gpt()) return std::make_shared<GPT>(*w.gpt, InitOptions{.gen = &gen, .device = d});
   return std::make_shared<MobileNetV2>(*w.mobilenet, InitOptions{.gen = &gen, .device = d});
+}
+
+// What --split balanced measures on meta to choose its cuts: one micro-batch of this workload
+// under these techniques and optimizer, as the training commands' probes (gpt_train, vision_train).
+StepProbe probe_of(const PlanWorkload& w, const TechniqueOptions& t, const TrainOptions& o) {
+  const int64_t rows = t.micro_batch > 0 ? t.micro_batch : w.batch;
+  auto optimizer = [o](Module& m) { return make_optimizer(o, m); };
+  if (w.is_gpt()) return with_run_techniques<GPT>(gpt_step_probe(*w.gpt, rows, w.gpt->context, optimizer), t);
+  return with_run_techniques<MobileNetV2>(mobilenet_step_probe(*w.mobilenet, rows, w.mobilenet->input_size, optimizer), t);
 }
 
 }  // namespace
@@ -118,15 +134,19 @@ int64_t PlanWorkload::num_parameters() const {
 int64_t PlanWorkload::items_per_step() const { return is_gpt() ? batch * gpt->context : batch; }
 
 StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device, int steps,
-                             int64_t memory_limit) {
+                             int64_t memory_limit, const ModelParallelOptions& parallel) {
   MG_CHECK(w.gpt.has_value() != w.mobilenet.has_value(), "measure_step: a workload is one GPT or one MobileNetV2");
   MG_CHECK(w.batch > 0 && (steps >= 2 || steps == kUntilSteady), "measure_step: needs a batch (got ", w.batch,
            ") and 2+ steps (got ", steps, ")");
+  MG_CHECK(!parallel.pipeline, "measure_step: a pipelined split is not measured here (its stages run on worker threads)");
+  MG_CHECK(!(parallel.active() && t.offload_activations), "measure_step: a split model does not offload activations");
   t.validate(w.batch, device);
   TechniqueOptions tech = t;
   if (device.is_meta() && tech.offload_activations) tech.offload_activations = Device(DeviceType::meta, device.index + 1);
   StreamRecorder streams;  // dropout draws: put back at the end
-  empty_cache(device);
+  // The devices the step's memory lives on: the model's (a split: every device it is placed on).
+  const std::vector<Device> devices = parallel.active() ? parallel.model_devices() : std::vector<Device>{device};
+  for (const Device& d : devices) empty_cache(d);
   if (tech.offload_activations) empty_cache(*tech.offload_activations);
   StepMeasurement out;
   StepTimes times;
@@ -137,7 +157,12 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     ~Rewind() { s.rewind(); }
   } rewind{streams};
   {
-    LimitGuard limit(device, memory_limit);
+    // Every device's budget is put back at the end; a split's budgets are set as a training
+    // command sets them (place_model: a device before modules move onto it).
+    std::deque<LimitGuard> limits;
+    limits.emplace_back(device, parallel.active() ? 0 : memory_limit);
+    for (const Device& d : devices)
+      if (d != device) limits.emplace_back(d, 0);
     std::shared_ptr<Module> model = build(w, device);
     apply_precision(*model, tech.precision);
     if (w.is_gpt()) static_cast<GPT&>(*model).set_checkpoint(tech.checkpoint);
@@ -145,21 +170,27 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     TrainOptions o;
     o.optimizer = w.optimizer;
     o.momentum = w.momentum;
+    const std::optional<ModelParallelRun> placed =
+        place_model(parallel, *model, probe_of(w, tech, o), memory_limit > 0 ? std::to_string(memory_limit) : "",
+                    w.batch, tech.micro_batch);
+    const Device input_device = placed ? placed->input_device() : device;
+    const Device label_device = placed ? placed->output_device() : device;
     std::unique_ptr<Optimizer> opt = make_optimizer(o, *model);
     Trainer trainer(*model, *opt, tech.trainer_options(w.grad_clip));
-    PeakMeter meter(device);
+    std::vector<PeakMeter> meters;
+    for (const Device& d : devices) meters.emplace_back(d);
     // Note [Steady state]: a block reused from the cache may be larger than asked, so the first
     // steps' peaks can differ by a block while the pool settles; kUntilSteady runs until two
-    // steps after the first peak alike (at most kMaxSteadySteps).
-    int64_t previous_peak = -1, previous_reserved = -1;
+    // steps after the first peak alike on every device (at most kMaxSteadySteps).
+    std::vector<std::pair<int64_t, int64_t>> previous(devices.size(), {-1, -1});  // peak, reserved
     const int max_steps = steps == kUntilSteady ? kMaxSteadySteps : steps;
     for (int s = 0; s < max_steps; ++s) {
       FlopCounter flops;
-      AllocatedBytes bytes(device, tech.offload_activations);
+      AllocatedBytes bytes(devices, tech.offload_activations);
       times.start();
       const double cpu0 = process_cpu_seconds();
-      meter.begin_step();
-      Batches b = make_batches(w, device);
+      for (PeakMeter& m : meters) m.begin_step();
+      Batches b = make_batches(w, input_device);
       const Tensor& input = b.held.front().first;
       const Tensor& target = b.held.front().second;
       Trainer::MicroLoss loss;
@@ -171,20 +202,35 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
         const DType pd = net.features->parameters()[0].dtype();  // bf16-pure: the images cast like vision train's
         loss = [&, pd](int64_t begin, int64_t n) {
           Tensor x = narrow(input, 0, begin, n);
-          return cross_entropy(net.forward(x.dtype() == pd ? x : cast(x, pd)), narrow(target, 0, begin, n));
+          const Tensor y = to(narrow(target, 0, begin, n), label_device);
+          return cross_entropy(net.forward(x.dtype() == pd ? x : cast(x, pd)), y);
         };
       }
-      trainer.step(w.batch, loss);
-      const int64_t peak = meter.end_step(), reserved = memory_stats(device).reserved.peak;
+      try {
+        trainer.step(w.batch, loss);
+      } catch (const OutOfMemoryError& e) {  // a split model: say which modules live on the full device
+        if (placed) throw with_placement(e, placed->placement);
+        throw;
+      }
+      bool steady = steps == kUntilSteady && s >= 2;
+      for (size_t i = 0; i < devices.size(); ++i) {
+        const std::pair<int64_t, int64_t> now{meters[i].end_step(), memory_stats(devices[i]).reserved.peak};
+        steady = steady && now == previous[i];
+        previous[i] = now;
+      }
       const double seconds = times.stop();
       if (s > 0) out.timed_ms.push_back(1e3 * seconds);
       if (s > 0) out.timed_cpu_ms.push_back(1e3 * (process_cpu_seconds() - cpu0));
       out.flops = flops.counts();
       out.allocated_bytes = bytes.bytes;
-      if (steps == kUntilSteady && s >= 2 && peak == previous_peak && reserved == previous_reserved) break;
-      previous_peak = peak, previous_reserved = reserved;
+      if (steady) break;
     }
-    out.memory = StepMemory::of(meter);
+    for (size_t i = 0; i < devices.size(); ++i)
+      out.devices.push_back({.device = devices[i], .memory = StepMemory::of(meters[i]),
+                             .modules = placed ? placed->placement.modules_on(devices[i]) : "all"});
+    out.memory = std::max_element(out.devices.begin(), out.devices.end(), [](const auto& a, const auto& b) {
+                   return a.memory.peak < b.memory.peak;
+                 })->memory;
     out.ms_per_step = 1e3 * times.median();
   }
   return out;

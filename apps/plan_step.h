@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/model_parallel_options.h"
 #include "apps/step_meters.h"
 #include "apps/technique_options.h"
 #include "core/flop_counter.h"
@@ -44,7 +45,14 @@ struct PlanWorkload {
 // FLOPs its ops reported and the bytes it allocated (the last step's, on the device and the
 // offload target), and the median wall-clock time of the steps after the first.
 struct StepMeasurement {
-  StepMemory memory{};
+  StepMemory memory{};  // a split step: the device whose peak is highest
+  // Each device's memory in placement order, with what lives there ("wte,wpe,h.0-3"; one device: "all").
+  struct DeviceMemory {
+    Device device;
+    StepMemory memory{};
+    std::string modules{};
+  };
+  std::vector<DeviceMemory> devices{};
   FlopCounts flops{};
   int64_t allocated_bytes = 0;
   double ms_per_step = 0.0;  // meaningless on meta (no arithmetic)
@@ -63,9 +71,13 @@ inline constexpr int kMaxSteadySteps = 8;
 // is meta. With `memory_limit` > 0 the device has that budget during the steps (an allocation past
 // it throws OutOfMemoryError, as in a run with --memory-limit); the previous limit is put back.
 // Leaves the default and dropout generators where they were.
+// With `parallel` active the model is built on `device` and then placed over parallel's devices
+// as the training commands place it (place_model: attention-mlp, stages:K, balanced, tensor),
+// every device measured; `memory_limit` is then each device's budget. Not pipelined splits
+// (their stages run on worker threads) and not with activation offload.
 StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device,
                              int steps = kUntilSteady,
-                             int64_t memory_limit = 0);
+                             int64_t memory_limit = 0, const ModelParallelOptions& parallel = {});
 
 // The update alone of `w` under `precision` on `device`: the median ms of `reps` (after a warm-up)
 // optimizer steps with gradient clipping as the Trainer does them, over gradients of zeros (the

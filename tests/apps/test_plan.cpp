@@ -87,6 +87,95 @@ TEST_CASE("plan: every row's meta peak equals the step run on cpu:0, and fits ag
   CHECK(some.table().find("recommended (*): ") != std::string::npos);
 }
 
+TEST_CASE("plan: split rows give every device's peak and it equals the split step run on cpu:0 and cpu:1", "[plan][apps]") {
+  use_test_cache();
+  PlanOptions o;
+  o.devices = {Device("cpu:0"), Device("cpu:1")};
+  o.verify = true;
+  for (const bool gpt : {true, false}) {
+    if (gpt) {  // large enough that the budgets pass the allocator's first 2 MiB segments
+      PlanWorkload w = tiny_gpt();
+      w.gpt = GPTConfig{.vocab_size = 256, .context = 64, .n_layer = 2, .n_head = 2, .d_model = 128, .dropout = 0.1};
+      w.batch = 8;
+      o.workload = w;
+      o.techniques = "none,split=attention-mlp,split=stages:2,split=balanced,split=tensor,ckpt+bf16+split=balanced,"
+                     "accum2+split=stages:2";
+    } else {
+      PlanWorkload w;
+      w.name = "tiny-mobilenet";
+      w.mobilenet = MobileNetV2Config{.width_mult = 0.5, .num_classes = 10, .small_input = true, .input_size = 16};
+      w.batch = 8;
+      w.prefetch = 2;
+      o.workload = w;
+      o.techniques = "none,split=stages:2,split=balanced,bf16+split=balanced,ckpt+accum2+split=stages:2";
+    }
+    o.memory_limit.clear();
+    const Plan all = make_plan(o);
+    int64_t lo = all.rows.front().memory.peak, hi = lo;
+    for (const PlanRow& r : all.rows) {
+      INFO(r.combination.name);
+      const bool split = r.combination.parallel.active();
+      REQUIRE(r.devices.size() == (split ? 2u : 0u));
+      REQUIRE(r.measured_devices.size() == r.devices.size());
+      for (size_t k = 0; k < r.devices.size(); ++k) {
+        INFO(r.devices[k].device.str() << " holds " << r.devices[k].modules);
+        CHECK(r.devices[k].device == o.devices[k]);  // named by the real devices, not meta's
+        CHECK(r.measured_devices[k].device == o.devices[k]);
+        CHECK(r.measured_devices[k].memory.peak == r.devices[k].memory.peak);
+        for (MemoryCategory c : kAllMemoryCategories)
+          CHECK(r.measured_devices[k].memory.category[size_t(c)] == r.devices[k].memory.category[size_t(c)]);
+        CHECK(r.devices[k].memory.category[size_t(MemoryCategory::parameter)] > 0);  // both devices hold weights
+        CHECK(r.devices[k].memory.peak <= r.memory.peak);                           // the row is the fullest device
+      }
+      if (split) CHECK(r.memory.peak < all.rows.front().memory.peak);  // a split spreads the step's memory
+      lo = std::min(lo, r.memory.peak), hi = std::max(hi, r.memory.peak);
+    }
+    // A budget on every device between the least and the most: each verdict is what the split
+    // step does under it on the real devices, and the rows that ran equal the plan there too.
+    o.memory_limit = std::to_string((lo + hi) / 2);
+    const Plan some = make_plan(o);
+    int fit = 0;
+    for (const PlanRow& r : some.rows) {
+      INFO(r.combination.name << " peak " << r.memory.peak << " reserved " << r.memory.reserved);
+      CHECK(r.fits == r.measured_fits);
+      fit += r.fits;
+      if (r.fits && !r.devices.empty())
+        for (size_t k = 0; k < r.devices.size(); ++k)
+          CHECK(r.measured_devices[k].memory.peak == r.devices[k].memory.peak);
+    }
+    INFO(some.table());
+    CHECK(fit > 0);
+    CHECK(fit < int(some.rows.size()));
+    const nlohmann::json j = some.to_json();
+    for (size_t i = 0; i < j.size(); ++i)
+      if (some.rows[i].combination.parallel.active()) {
+        REQUIRE(j[i].contains("devices"));
+        CHECK(j[i]["devices"].size() == 2);
+        CHECK(j[i]["devices"][1]["device"] == "cpu:1");
+        CHECK(j[i]["devices"][0].contains("peak_activation_bytes"));
+      }
+    CHECK(some.table().find("  cpu:1 ") != std::string::npos);
+  }
+}
+
+TEST_CASE("plan: split rows need --devices and refuse pipelines, offload and a wrong stage count", "[plan][apps]") {
+  use_test_cache();
+  PlanOptions o;
+  o.workload = tiny_gpt();
+  o.techniques = "split=stages:2";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("--devices"));
+  o.devices = {Device("cpu:0"), Device("cpu:1")};
+  o.techniques = "accum2+split=stages:2+pipeline=1f1b";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("pipelined splits are not planned"));
+  o.techniques = "split=stages:2+offload";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("does not offload"));
+  o.techniques = "split=stages:3";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("stages:3 needs 3 devices, --devices gives 2"));
+  o.techniques = "split=tensor";
+  o.workload->gpt->n_head = 1;  // one head does not divide over 2 devices
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("cpu:0") && !Catch::Contains("meta:"));
+}
+
 TEST_CASE("plan --calibrate steps: the estimates and the ranking come from the measured pieces", "[plan][apps]") {
   use_test_cache();
   PlanOptions o;
