@@ -1,7 +1,9 @@
-// The planner's time estimate: a step costs its FLOPs at this machine's measured rates plus its
-// allocated bytes at the measured memory bandwidth (each byte written once and read once). The
+// The planner's time estimate: a step costs its FLOPs at this machine's measured rates plus the
+// elements of the tensors it creates, as f32 bytes at the measured copy bandwidth (each written
+// once and read once; a 16-bit element costs an f32 one's: FlopCounts::elements). The
 // rates are measured once per CPU model and thread count (an f32 and a bf16 GEMM, a depthwise
-// convolution, a large copy; about a second) and cached as JSON under the user's cache folder
+// convolution, a pointwise convolution pair forward and backward in f32 and bf16, a large copy;
+// about a second) and cached as JSON under the user's cache folder
 // ($MG_CACHE_DIR, else $XDG_CACHE_HOME/memgrad, else ~/.cache/memgrad).
 #pragma once
 #include <string>
@@ -25,8 +27,8 @@ struct Calibration {
   // A calibration of this machine: the cached one when its CPU, thread count and GEMM paths match, else
   // measured now and written to the cache.
   static Calibration of_this_machine();
-  // Milliseconds for a step of these FLOPs and allocated bytes.
-  double estimate_ms(const FlopCounts& flops, double allocated_bytes) const;
+  // Milliseconds for a step of these FLOPs and created elements.
+  double estimate_ms(const FlopCounts& work) const;
   std::string str() const;  // "AMD EPYC, 2 threads: f32 GEMM 80.1 GFLOP/s, ..."
 };
 

@@ -227,7 +227,7 @@ Plan make_plan(const PlanOptions& o) {
     row.devices = named_devices(c, m.devices);
     row.flops = m.flops;
     row.allocated_bytes = m.allocated_bytes;
-    row.estimated_ms = p.calibration.estimate_ms(m.flops, double(m.allocated_bytes));
+    row.estimated_ms = p.calibration.estimate_ms(m.flops);
     p.rows.push_back(row);
   }
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -276,8 +276,8 @@ std::string Plan::table() const {
                   calibrate_rounds, pieces->path.empty() ? "nowhere" : pieces->path.c_str());
     os << line;
   }
-  os << "time: " << (pieces ? "(est from: flops)" : "estimated") << " ms/step = the step's FLOPs and allocated "
-     << "bytes at this machine's measured rates (" << calibration.str()
+  os << "time: " << (pieces ? "(est from: flops)" : "estimated") << " ms/step = the step's FLOPs, and its created "
+     << "tensors' elements as f32 bytes, at this machine's measured rates (" << calibration.str()
      << (calibration.cached ? "; cached in " : "; measured now, cached in ")
      << (calibration.path.empty() ? std::string("nowhere") : calibration.path) << ")\n";
   const bool verified = std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return r.measured || !r.measured_fits; });

@@ -12,6 +12,8 @@ std::string_view flop_kind_name(FlopKind k) {
     case FlopKind::gemm_f32: return "gemm_f32";
     case FlopKind::gemm_16: return "gemm_16";
     case FlopKind::direct: return "direct";
+    case FlopKind::conv_f32: return "conv_f32";
+    case FlopKind::conv_16: return "conv_16";
   }
   return "?";
 }
@@ -23,8 +25,16 @@ void count_flops(FlopKind kind, double flops) {
   if (t_counter) t_counter->counts_.flops[size_t(kind)] += flops;
 }
 
+void count_elements(int64_t n) {
+  if (t_counter) t_counter->counts_.elements += double(n);
+}
+
 FlopKind gemm_kind(DType dtype) {
   return dtype == DType::f16 || dtype == DType::bf16 ? FlopKind::gemm_16 : FlopKind::gemm_f32;
+}
+
+FlopKind conv_kind(DType dtype) {
+  return dtype == DType::f16 || dtype == DType::bf16 ? FlopKind::conv_16 : FlopKind::conv_f32;
 }
 
 }  // namespace mg

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/cuda/backend.h"
+#include "core/flop_counter.h"
 #include "core/half_convert.h"
 #include "core/parallel.h"
 #include "core/strided_loop.h"
@@ -29,6 +30,7 @@ std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device de
            device.str(), " was requested but this memgrad has no CUDA backend");
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(size_t(numel_of(shape)) * dtype_size(dtype), device);
+  count_elements(numel_of(shape));  // for the planner's cost model
   impl->sizes = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -402,8 +402,11 @@ void bias_grad(const Tensor& dout, const Tensor& db) {
   });
 }
 
-// One pass's FLOPs (forward, or each of dx and dW): 2 per multiply-add. 16-bit convolutions stage
-// through f32 (ops/f32_staging.h), so they count as f32 work.
+// One pass's FLOPs (forward, or each of dx and dW): 2 per multiply-add. Reported as direct work
+// (depthwise) or as a convolution of x's dtype (flop_kind): 16-bit ones stage through f32
+// (ops/f32_staging.h), which their kind's calibrated rate includes.
+FlopKind flop_kind(const ConvGeom& g, DType dtype) { return is_depthwise(g) ? FlopKind::direct : conv_kind(dtype); }
+
 double conv_flops(const ConvGeom& g) {
   return 2.0 * double(g.N) * double(g.Cout) * double(g.OH) * double(g.OW) * double(g.Cin / g.groups) * double(g.KH) *
          double(g.KW);
@@ -431,7 +434,7 @@ class Conv2dBackward : public Node {
     Tensor dx = need_dx ? empty(x_shape_, opt) : Tensor();
     Tensor dw = need_dw ? empty(w_shape_, opt) : Tensor();
     ConvGeom g = make_geom(x_shape_, w_shape_, p_);
-    count_flops(is_depthwise(g) ? FlopKind::direct : FlopKind::gemm_f32, conv_flops(g) * (int(need_dx) + int(need_dw)));
+    count_flops(flop_kind(g, dout.dtype()), conv_flops(g) * (int(need_dx) + int(need_dw)));
     if (dout.device().is_cuda()) {
       Tensor db = has_bias_ && needs_input_grad(2) ? empty({g.Cout}, opt) : Tensor();
       cuda::conv2d_backward(cuda_geom(g), xv, wv, dout, dx, dw, db);
@@ -499,7 +502,7 @@ Tensor conv2d(const Tensor& x, const Tensor& weight, const Tensor& bias, Conv2dP
   check_conv2d(x, weight, bias, p);
   OpNameGuard name("conv2d");
   ConvGeom g = make_geom(x.shape(), weight.shape(), p);
-  count_flops(is_depthwise(g) ? FlopKind::direct : FlopKind::gemm_f32, conv_flops(g));
+  count_flops(flop_kind(g, x.dtype()), conv_flops(g));
   Tensor out = empty({g.N, g.Cout, g.OH, g.OW}, {.dtype = x.dtype(), .device = x.device()});
   Tensor xc = dense(x), wc = dense(weight), bc = dense(bias);
   if (x.device().is_cuda()) cuda::conv2d_forward(cuda_geom(g), xc, wc, bc, out);
