@@ -286,7 +286,7 @@ std::string Plan::table() const {
   os << line << (verified ? "  measured peak  measured ms   est/meas" : "") << "\n";
   if (std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return !r.devices.empty(); }))
     os << "split rows: the row is its fullest device; each device's own peaks follow it (what it holds at the end; "
-          "'fits': every device under the budget; est ms: the whole step's FLOPs and bytes, the devices in turn)\n";
+          "'fits': every device under the budget; est ms: the whole step's work, the devices in turn)\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const PlanRow& r = rows[i];
     auto cat = [&](MemoryCategory k) { return mib(r.memory.category[size_t(k)]); };

@@ -40,7 +40,7 @@ void add_plan_command(CLI::App& app) {
                   "--verify's time is the median over this many rounds of every candidate in turn")
       ->capture_default_str();
   cmd->add_option("--calibrate", o->calibrate,
-                  "the time estimate: flops (FLOPs and bytes at measured rates, instant) or steps (timed "
+                  "the time estimate: flops (FLOPs and created elements at measured rates, instant) or steps (timed "
                   "micro-steps of the real model per shape of work, cached: for sizes this machine runs)")
       ->capture_default_str();
   cmd->add_option("--clock", o->clock,

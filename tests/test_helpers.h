@@ -1,15 +1,18 @@
-// Helpers shared by the tests: random tensors from a seeded generator, closeness checks with
-// relative + absolute tolerance, and a gradcheck wrapper that reports the mismatch.
+// Helpers shared by the tests: random tensors from a seeded generator, bit-equality across
+// devices, closeness checks with relative + absolute tolerance, and a gradcheck wrapper that
+// reports the mismatch.
 #pragma once
 #include <cstdio>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "autograd/gradcheck.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "ops/ops.h"
 
 namespace mg::test {
 
@@ -20,6 +23,22 @@ inline Tensor rand_tensor(const Shape& shape, uint64_t seed, DType dtype = DType
   std::vector<double> v(static_cast<size_t>(numel_of(shape)));
   for (size_t i = 0; i < v.size(); ++i) v[i] = lo + (hi - lo) * double(g.uniform_at(i));
   return from_vector(v, shape, {.dtype = dtype, .device = device});
+}
+
+// a and b (any devices) hold the same bits; else the first element that differs.
+inline void require_same_bits(const std::string& what, const Tensor& a, const Tensor& b) {
+  INFO(what);
+  REQUIRE(a.defined());
+  REQUIRE(b.defined());
+  REQUIRE(a.shape() == b.shape());
+  REQUIRE(a.dtype() == b.dtype());
+  const Tensor x = contiguous(to(a, kCPU)), y = contiguous(to(b, kCPU));
+  if (std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0) return;
+  const std::vector<double> u = x.to_double_vector(), w = y.to_double_vector();
+  for (size_t i = 0; i < u.size(); ++i)
+    if (std::memcmp(&u[i], &w[i], sizeof(double)) != 0)
+      FAIL("element " << i << ": " << a.device().str() << " " << u[i] << " vs " << b.device().str() << " " << w[i]);
+  FAIL("the bytes differ");
 }
 
 inline Tensor leaf(Tensor t) {

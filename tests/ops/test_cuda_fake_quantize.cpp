@@ -22,25 +22,11 @@
 
 using namespace mg;
 using test::rand_tensor;
+using test::require_same_bits;
 
 namespace {
 
 const Device kGPU(DeviceType::cuda, 0);
-
-// a and b (any devices) hold the same bits.
-void require_same_bits(const std::string& what, const Tensor& a, const Tensor& b) {
-  INFO(what);
-  REQUIRE(a.defined());
-  REQUIRE(b.defined());
-  REQUIRE(a.shape() == b.shape());
-  REQUIRE(a.dtype() == b.dtype());
-  const Tensor x = contiguous(to(a, kCPU)), y = contiguous(to(b, kCPU));
-  if (std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0) return;
-  const std::vector<double> u = x.to_double_vector(), w = y.to_double_vector();
-  for (size_t i = 0; i < u.size(); ++i)
-    if (std::memcmp(&u[i], &w[i], sizeof(double)) != 0) FAIL("element " << i << ": cpu " << u[i] << " vs cuda " << w[i]);
-  FAIL("the bytes differ");
-}
 
 // How many elements of x (f32, cpu) fall below and above [qmin, qmax] with scale s_c for dim 0's
 // channel c and zero point z, with the op's own x / s (a division, or a product with 1 / s).

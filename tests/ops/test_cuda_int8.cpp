@@ -31,6 +31,7 @@
 
 using namespace mg;
 using test::rand_tensor;
+using test::require_same_bits;
 
 namespace {
 
@@ -44,20 +45,6 @@ Tensor ints(const Shape& s, uint32_t seed, DType dt, int lo, int hi) {
   for (double& x : v) x = dist(rng);
   if (!v.empty()) v[0] = lo;
   return from_vector(v, s, {.dtype = dt});
-}
-
-// a and b (any devices) hold the same bits.
-void require_same_bits(const std::string& what, const Tensor& a, const Tensor& b) {
-  INFO(what);
-  REQUIRE(a.shape() == b.shape());
-  REQUIRE(a.dtype() == b.dtype());
-  const Tensor x = contiguous(to(a, kCPU)), y = contiguous(to(b, kCPU));
-  if (std::memcmp(x.data_ptr(), y.data_ptr(), x.nbytes()) == 0) return;
-  const std::vector<double> u = x.to_double_vector(), w = y.to_double_vector();
-  for (size_t i = 0; i < u.size(); ++i)
-    if (std::memcmp(&u[i], &w[i], sizeof(double)) != 0)
-      FAIL("element " << i << ": cpu " << u[i] << " vs cuda " << w[i]);
-  FAIL("the bytes differ");
 }
 
 // The epilogue of one GEMM call, with every pointer taken from tensors on one device.
