@@ -181,6 +181,13 @@ std::string default_candidates(int64_t batch) {
   return list;
 }
 
+std::string split_candidates(const PlanWorkload& w, size_t devices) {
+  std::string list = "split=balanced,ckpt+split=balanced,bf16+split=balanced";
+  if (w.is_gpt() && devices == 2) list += ",split=attention-mlp";
+  if (w.is_gpt() && w.gpt->n_head % int64_t(devices) == 0) list += ",split=tensor";
+  return list;
+}
+
 Plan make_plan(const PlanOptions& o) {
   Plan p;
   p.workload = o.workload ? *o.workload : PlanWorkload::named(o.model, o.batch);
@@ -203,8 +210,10 @@ Plan make_plan(const PlanOptions& o) {
   MG_CHECK(o.devices.size() < size_t(kMaxDevicesPerType - kFirstSplitMeta), "plan: --devices takes at most ",
            kMaxDevicesPerType - kFirstSplitMeta - 1, " devices, got ", o.devices.size());
   const std::vector<Combination> combos =
-      parse_combinations(o.techniques.empty() ? default_candidates(p.workload.batch) : o.techniques, p.workload.batch,
-                         p.device, o.devices);
+      parse_combinations(o.techniques.empty() ? default_candidates(p.workload.batch) +
+                                                    (o.devices.empty() ? "" : "," + split_candidates(p.workload, o.devices.size()))
+                                              : o.techniques,
+                         p.workload.batch, p.device, o.devices);
   for (const Combination& c : combos) {
     MG_CHECK(!c.parallel.pipeline, "plan: '", c.name, "': pipelined splits are not planned yet (plan split=stages:K "
              "without pipeline=; memgrad bench measures pipelines)");

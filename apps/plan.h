@@ -88,6 +88,9 @@ struct Plan {
 // selective) x precision (fp32, bf16, bf16pure) x accumulation (none, and 4 micro-batches, or 2
 // when 4 does not divide the batch), plus offload on the plain and on the checkpointed fp32 runs.
 std::string default_candidates(int64_t batch);
+// With --devices, the default candidates add these splits over that many devices: balanced (plain,
+// checkpointed, bf16), and for a GPT attention-mlp (2 devices) and tensor (when the heads divide).
+std::string split_candidates(const PlanWorkload& w, size_t devices);
 
 // Throws on a bad model, device, budget or technique (split= without --devices, pipeline=, a
 // split with offload); and when the budget is below what the

@@ -287,6 +287,10 @@ TEST_CASE("plan: the default candidates cover every policy, precision and accumu
   const std::string d = default_candidates(8);
   for (const char* c : {"none,", "ckpt,", "ckpt-sqrt+bf16pure+accum4", "selective+bf16+accum4", "offload", "ckpt+offload"})
     CHECK(d.find(c) != std::string::npos);
+  CHECK(split_candidates(PlanWorkload::named("gpt-mini"), 2).find("split=tensor") != std::string::npos);
+  CHECK(split_candidates(PlanWorkload::named("gpt-mini"), 3).find("attention-mlp") == std::string::npos);
+  CHECK(split_candidates(PlanWorkload::named("mobilenetv2-32"), 2) ==
+        "split=balanced,ckpt+split=balanced,bf16+split=balanced");
   CHECK(default_candidates(6).find("accum4") == std::string::npos);
   CHECK(default_candidates(6).find("bf16+accum2") != std::string::npos);
   CHECK(parse_combinations(d, 8, kCPU).size() == 4 * 3 * 2 + 2);
