@@ -207,6 +207,8 @@ Plan make_plan(const PlanOptions& o) {
     MG_CHECK(p.budget > 0, "plan: --memory-limit must be positive, got '", o.memory_limit, "'");
   }
   p.num_parameters = p.workload.num_parameters();
+  for (const Device& d : o.devices)
+    MG_CHECK(d.is_cpu(), "plan: --devices ", d.str(), ": plans are for cpu:N for now, as --device");
   MG_CHECK(o.devices.size() < size_t(kMaxDevicesPerType - kFirstSplitMeta), "plan: --devices takes at most ",
            kMaxDevicesPerType - kFirstSplitMeta - 1, " devices, got ", o.devices.size());
   const std::vector<Combination> combos =

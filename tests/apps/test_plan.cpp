@@ -171,6 +171,10 @@ TEST_CASE("plan: split rows need --devices and refuse pipelines, offload and a w
   CHECK_THROWS_WITH(make_plan(o), Catch::Contains("does not offload"));
   o.techniques = "split=stages:3";
   CHECK_THROWS_WITH(make_plan(o), Catch::Contains("stages:3 needs 3 devices, --devices gives 2"));
+  o.devices = {Device("cpu:0"), Device(DeviceType::cuda, 1)};
+  o.techniques = "split=stages:2";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("--devices cuda:1: plans are for cpu:N"));
+  o.devices = {Device("cpu:0"), Device("cpu:1")};
   o.techniques = "split=tensor";
   o.workload->gpt->n_head = 1;  // one head does not divide over 2 devices
   CHECK_THROWS_WITH(make_plan(o), Catch::Contains("cpu:0") && !Catch::Contains("meta:"));
