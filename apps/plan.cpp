@@ -194,8 +194,9 @@ Plan make_plan(const PlanOptions& o) {
   p.workload.optimizer = parse_optimizer_kind(o.optimizer);
   p.device = Device(o.device);
   MG_CHECK(p.device.is_cpu(), "plan: --device ", p.device.str(),
-           ": plans are for cpu:N for now (on cuda:N attention keeps its (B, NH, T, T) weights, which the meta step "
-           "does not model, and the time model is calibrated on this machine's CPU)");
+           ": plans are for cpu:N for now (the meta step models the CPU kernels' workspace, not cuBLAS's, cuDNN's "
+           "or the CUDA flash kernels' row sums, none of it checked on a GPU yet, and the time model is calibrated "
+           "on this machine's CPU)");
   MG_CHECK(o.verify_steps >= 2, "plan: --verify-steps must be at least 2 (the first is warm-up), got ", o.verify_steps);
   MG_CHECK(o.verify_rounds >= 1, "plan: --verify-rounds must be at least 1, got ", o.verify_rounds);
   MG_CHECK(o.calibrate == "flops" || o.calibrate == "steps", "plan: --calibrate must be flops or steps, got '",
