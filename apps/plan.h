@@ -92,9 +92,9 @@ std::string default_candidates(int64_t batch);
 // checkpointed, bf16), and for a GPT attention-mlp (2 devices) and tensor (when the heads divide).
 std::string split_candidates(const PlanWorkload& w, size_t devices);
 
-// Throws on a bad model, device, budget or technique (split= without --devices, pipeline=, a
-// split with offload); and when the budget is below what the
-// parameters alone take, naming the least any candidate needs and what lowers it.
+// Throws on a bad model, device, budget or technique (split= without --devices or that the model
+// or devices do not allow, pipeline=, a split with offload); and when the budget is below what
+// the parameters alone take, naming the least any candidate needs and what lowers it.
 Plan make_plan(const PlanOptions& options);
 
 }  // namespace mg

@@ -170,7 +170,7 @@ TEST_CASE("plan: split rows need --devices and refuse pipelines, offload and a w
   o.techniques = "split=stages:2+offload";
   CHECK_THROWS_WITH(make_plan(o), Catch::Contains("does not offload"));
   o.techniques = "split=stages:3";
-  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("stages:3 needs 3 devices, --devices gives 2"));
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("plan: 'split=stages:3': --split stages:3 needs 3 devices, got 2 (cpu:0,cpu:1)"));
   o.devices = {Device("cpu:0"), Device(DeviceType::cuda, 1)};
   o.techniques = "split=stages:2";
   CHECK_THROWS_WITH(make_plan(o), Catch::Contains("--devices cuda:1: plans are for cpu:N"));
