@@ -70,6 +70,18 @@ void fresh_state(const Device& d, const std::vector<Device>& split_devices, cons
     }
 }
 
+// A row's data parallelism: the run's --ddp, with the row's ZeRO stage when it names one (ddp=N,
+// zeroS=N), which needs a launch of exactly N ranks.
+DataParallelOptions row_data_parallel(const BenchOptions& o, const Combination& c, const LaunchInfo& launch) {
+  DataParallelOptions d = o.data_parallel;
+  if (c.ranks == 0) return d;
+  MG_CHECK(d.enabled && launch.world_size == c.ranks, "bench: '", c.name, "' trains over ", c.ranks, " ranks; run it "
+           "under mpirun -np ", c.ranks, " with --ddp (this is ", d.enabled ? std::to_string(launch.world_size) + " ranks" :
+           std::string("one process without --ddp"), ")");
+  d.zero = c.zero;
+  return d;
+}
+
 }  // namespace
 
 Combination parse_combination(const std::string& text, int64_t batch, const Device& device,
@@ -111,6 +123,15 @@ Combination parse_combination(const std::string& text, int64_t batch, const Devi
     } else if (part == "adam8bit" || part == "adamw8bit") {
       MG_CHECK(!c.optimizer, "bench: '", text, "' names adam8bit twice");
       c.optimizer = OptimizerKind::adamw8bit;
+    } else if (part.rfind("ddp=", 0) == 0 || part.rfind("zero1=", 0) == 0 || part.rfind("zero2=", 0) == 0) {
+      MG_CHECK(c.ranks == 0, "bench: '", text, "' names data parallelism twice");
+      const std::string n = part.substr(part.find('=') + 1);
+      MG_CHECK(!n.empty() && n.size() < 6 && n.find_first_not_of("0123456789") == std::string::npos && std::stoi(n) >= 1,
+               "bench: '", part, "' needs a whole number of ranks, e.g. ", part.substr(0, part.find('=') + 1), "2");
+      c.ranks = std::stoi(n);
+      c.zero = part[0] == 'd' ? 0 : part[4] - '0';
+      MG_CHECK(batch % c.ranks == 0, "bench: '", part, "' splits the batch of ", batch, " over ", c.ranks,
+               " ranks, which does not divide it\n  hint: --batch is the global batch; use a multiple of the ranks");
     } else if (part.rfind("split=", 0) == 0 || part.rfind("pipeline=", 0) == 0) {
       // Model parallelism: the library's own parsers, their errors prefixed with the combination.
       const bool split = part[0] == 's';
@@ -125,11 +146,21 @@ Combination parse_combination(const std::string& text, int64_t batch, const Devi
     } else {
       MG_THROW("bench: unknown technique '", part, "' in '", text,
                "' (known: none, ckpt, ckpt-sqrt, ckpt-everyK, selective, bf16, fp16, bf16pure, accumN, offload, "
-               "adam8bit, split=S, pipeline=P)");
+               "adam8bit, split=S, pipeline=P, ddp=N, zero1=N, zero2=N)");
     }
   }
   MG_CHECK(!(c.optimizer && c.techniques.precision == Precision::bf16_pure), "bench: '", text,
            "': adam8bit updates f32 parameters and bf16pure stores them in bf16; use adam8bit with fp32, bf16 or fp16");
+  if (c.ranks > 0) {  // what prepare_data_parallel refuses, refused before anything runs
+    MG_CHECK(!c.parallel.active(), "bench: '", text, "': each data-parallel rank trains a whole replica; a split model "
+             "does not combine with ", c.zero ? "zero" + std::to_string(c.zero) : std::string("ddp"), "=");
+    MG_CHECK(c.techniques.precision != Precision::bf16_pure, "bench: '", text, "': data-parallel gradients are summed "
+             "in f32 and bf16pure stores them in bf16; use bf16 (autocast) with ddp= or zero=");
+    MG_CHECK(!(c.zero > 0 && c.optimizer), "bench: '", text, "': ZeRO cannot shard adam8bit (its blocks span parameter "
+             "boundaries); use ddp= with adam8bit, or zero= with AdamW");
+    MG_CHECK(c.techniques.micro_batch <= batch / c.ranks, "bench: '", text, "': the micro-batch of ",
+             c.techniques.micro_batch, " is larger than each rank's ", batch / c.ranks, " rows of the batch");
+  }
   if (c.parallel.split) {
     MG_CHECK(!split_devices.empty(), "bench: '", text, "' splits the model over --devices; give them, e.g. "
              "--devices cpu:0,cpu:1");
@@ -204,6 +235,7 @@ BenchResult run_bench(const BenchOptions& o) {
   }
   // --ddp: rank 0 writes the folder; the other ranks work in a scratch one of their own.
   const LaunchInfo launch = launch_info_from_env();
+  for (const Combination& c : combos) (void)row_data_parallel(o, c, launch);  // a wrong launch fails before any row runs
   r.world_size = o.data_parallel.enabled ? launch.world_size : 1;
   if (o.data_parallel.enabled && launch.rank != 0) {
     r.out_dir = (fs::temp_directory_path() / ("memgrad-bench-rank" + std::to_string(launch.rank) + "-" +
@@ -252,7 +284,7 @@ BenchResult run_bench(const BenchOptions& o) {
       t.optimizer = c.optimizer_for(t.optimizer);
       t.parallel = c.parallel;
       t.progress = ProgressStyle::none;
-      t.data_parallel = o.data_parallel;
+      t.data_parallel = row_data_parallel(o, c, launch);
       GptTrainResult g = gpt_train(t);
       row.device_peaks = g.device_peaks;
       row.comm_ms = g.comm_ms, row.exposed_comm_ms = g.exposed_comm_ms;
@@ -279,7 +311,7 @@ BenchResult run_bench(const BenchOptions& o) {
       t.optimizer = c.optimizer_for(t.optimizer);
       t.parallel = c.parallel;
       t.progress = ProgressStyle::none;
-      t.data_parallel = o.data_parallel;
+      t.data_parallel = row_data_parallel(o, c, launch);
       VisionTrainResult v = vision_train(t);
       row.device_peaks = v.device_peaks;
       row.comm_ms = v.comm_ms, row.exposed_comm_ms = v.exposed_comm_ms;

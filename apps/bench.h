@@ -24,13 +24,17 @@ namespace mg {
 // to cpu:1, or cpu:0 from a GPU), and with --devices split=S (S: attention-mlp, stages:K,
 // balanced, tensor: the model cut over `split_devices` as `--split S` does) and pipeline=gpipe|1f1b
 // (needs a split into stages and accumN for its micro-batches), and adam8bit (AdamW with both
-// moments in 8 bits, optim/adamw8bit.h, in place of the run's --optimizer adamw). parse_combination
-// throws naming the unknown or misplaced part.
+// moments in 8 bits, optim/adamw8bit.h, in place of the run's --optimizer adamw), and ddp=N,
+// zero1=N, zero2=N (data parallel over N ranks, ZeRO stage 0, 1 or 2: bench runs such a row under
+// `mpirun -np N ... --ddp` with the row's stage; memgrad plan simulates every rank, Note [Simulated
+// ranks]). parse_combination throws naming the unknown or misplaced part.
 struct Combination {
   std::string name;
   TechniqueOptions techniques;
   ModelParallelOptions parallel{};  // split= / pipeline=: over --devices; inactive otherwise
   std::optional<OptimizerKind> optimizer{};  // adam8bit: replaces the run's optimizer; none: the run's own
+  int ranks = 0;                    // ddp=N / zeroS=N: N data-parallel ranks (0: not data parallel)
+  int zero = 0;                     // and their ZeRO stage
   // The run's optimizer under this combination: `run`'s unless the combination names one. Throws
   // when adam8bit would replace SGD (it replaces AdamW's state, not another update rule).
   OptimizerKind optimizer_for(OptimizerKind run) const;

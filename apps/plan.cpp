@@ -40,6 +40,8 @@ PlanWorkload workload_of(const PlanWorkload& w, const Combination& c) {
 // meta:0 when the split does not use it). --split balanced searches its cuts on meta:1..K
 // (measure_on_meta) while the model is being placed, so the row's own devices start above them.
 constexpr int kFirstSplitMeta = 8;
+// Data-parallel rows simulate every rank, one meta step each.
+constexpr int kMaxPlannedRanks = 64;
 
 struct OnMeta {
   Device home;                    // where the model is built
@@ -61,13 +63,25 @@ std::vector<StepMeasurement::DeviceMemory> named_devices(const Combination& c, s
   return d;
 }
 
-// A split row's step on meta; its errors (a split the model does not allow) name the real
-// devices and the combination, not the meta devices standing in for them.
+// A data-parallel row's rank `rank`: a simulated group (Note [Simulated ranks]) in the row's
+// ZeRO stage; inactive for other rows.
+DataParallelOptions simulated_rank(const Combination& c, int rank) {
+  DataParallelOptions d;
+  if (c.ranks == 0) return d;
+  d.enabled = true;
+  d.zero = c.zero;
+  d.group = ProcessGroup::simulated(rank, c.ranks);
+  return d;
+}
+
+// A row's step on meta (a data-parallel row: rank `rank`'s); a split's errors (a split the model
+// does not allow) name the real devices and the combination, not the meta devices standing in.
 StepMeasurement measure_on_meta(const PlanWorkload& w, const Combination& c, const Device& device, int steps,
-                                int64_t budget) {
+                                int64_t budget, int rank) {
   const OnMeta meta = on_meta(c, device);
   try {
-    return measure_step(workload_of(w, c), c.techniques, meta.home, steps, budget, meta.parallel);
+    return measure_step(workload_of(w, c), c.techniques, meta.home, steps, budget, meta.parallel,
+                        simulated_rank(c, rank));
   } catch (const OutOfMemoryError&) {
     throw;
   } catch (const Error& e) {
@@ -88,7 +102,7 @@ StepMeasurement measure_on_meta(const PlanWorkload& w, const Combination& c, con
 // That run's memory then replaces `m`'s: under pressure the allocator releases and cuts its
 // blocks otherwise, so it is what a run under this budget allocates.
 bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& device, int steps, int64_t budget,
-                 StepMeasurement& m) {
+                 int rank, StepMeasurement& m) {
   bool all_reserved = true, any_peak = false;
   for (const auto& d : m.devices) {
     all_reserved = all_reserved && d.memory.reserved <= budget;
@@ -97,7 +111,7 @@ bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& devi
   if (budget <= 0 || all_reserved) return true;
   if (any_peak) return false;
   try {
-    m = measure_on_meta(w, c, device, steps, budget);
+    m = measure_on_meta(w, c, device, steps, budget, rank);
     return true;
   } catch (const OutOfMemoryError&) {
     return false;
@@ -110,8 +124,9 @@ void estimate_from_steps(Plan& p, const PlanOptions& o) {
   // The pieces are keyed by the workload's optimizer too: each optimizer among the rows (the
   // run's, adam8bit's) times its own.
   std::map<OptimizerKind, std::vector<TechniqueOptions>> shapes;
-  // Split rows keep the FLOP estimate: their pieces would be split steps of their own.
-  auto timed = [](const PlanRow& r) { return r.fits && !r.combination.parallel.active(); };
+  // Split and data-parallel rows keep the FLOP estimate: their pieces would be split steps or
+  // ranks of their own.
+  auto timed = [](const PlanRow& r) { return r.fits && !r.combination.parallel.active() && r.combination.ranks == 0; };
   for (const PlanRow& r : p.rows)
     if (timed(r)) shapes[r.combination.optimizer_for(p.workload.optimizer)].push_back(r.combination.techniques);
   StepPieces pieces = o.pieces ? *o.pieces : StepPieces::cached(p.cpu_time);
@@ -138,7 +153,7 @@ void verify(Plan& p, const PlanOptions& o) {
   for (int round = 0; round < o.verify_rounds; ++round)
     for (size_t i = 0; i < p.rows.size(); ++i) {
       PlanRow& row = p.rows[i];
-      if (!row.measured_fits) continue;
+      if (!row.measured_fits || row.combination.ranks > 0) continue;  // ranks: mpirun ... memgrad bench --ddp
       try {
         const StepMeasurement m = measure_step(workload_of(p.workload, row.combination), row.combination.techniques, p.device,
                                                round == 0 ? int(o.verify_steps) : 2, p.budget, row.combination.parallel);
@@ -159,6 +174,19 @@ void verify(Plan& p, const PlanOptions& o) {
     p.rows[i].measured_ms = t.size() % 2 ? t[t.size() / 2] : 0.5 * (t[t.size() / 2 - 1] + t[t.size() / 2]);
   }
   p.verify_rounds = o.verify_rounds;
+}
+
+// Note [Collective time]: a data-parallel row's collectives cost the bytes a rank sends in a ring
+// (an all-reduce of n bytes sends 2 (N - 1) / N n, a reduce-scatter of n or an all-gather into n
+// (N - 1) / N n, a broadcast n), each byte moved as a copy at the calibrated bandwidth (read and
+// written once: what shared-memory MPI between ranks of one machine does), none of it hidden
+// behind backward. Another interconnect (NCCL over NVLink, a network) has other rates.
+double collective_ms(const ProcessGroup::Traffic& t, int ranks, double gbytes_per_s) {
+  if (ranks <= 1) return 0.0;
+  const double share = double(ranks - 1) / double(ranks);
+  const double sent = 2.0 * share * double(t.all_reduce) + share * double(t.reduce_scatter + t.all_gather) +
+                      double(t.broadcast);
+  return 1e3 * 2.0 * sent / (gbytes_per_s * 1e9);
 }
 
 }  // namespace
@@ -191,6 +219,11 @@ std::string split_candidates(const PlanWorkload& w, size_t devices) {
   return list;
 }
 
+std::string rank_candidates(int ranks) {
+  const std::string n = std::to_string(ranks);
+  return "ddp=" + n + ",zero1=" + n + ",zero2=" + n + ",ckpt+zero2=" + n + ",bf16+zero2=" + n;
+}
+
 Plan make_plan(const PlanOptions& o) {
   Plan p;
   p.workload = o.workload ? *o.workload : PlanWorkload::named(o.model, o.batch);
@@ -215,12 +248,19 @@ Plan make_plan(const PlanOptions& o) {
     MG_CHECK(d.is_cpu(), "plan: --devices ", d.str(), ": plans are for cpu:N for now, as --device");
   MG_CHECK(o.devices.size() < size_t(kMaxDevicesPerType - kFirstSplitMeta), "plan: --devices takes at most ",
            kMaxDevicesPerType - kFirstSplitMeta - 1, " devices, got ", o.devices.size());
+  MG_CHECK(o.ranks >= 0 && o.ranks <= kMaxPlannedRanks, "plan: --ranks must be between 1 and ", kMaxPlannedRanks,
+           ", got ", o.ranks);
+  MG_CHECK(o.ranks == 0 || o.techniques.empty(), "plan: --ranks adds data-parallel rows to the default candidates; with "
+           "--techniques name them there (ddp=", o.ranks, ", zero1=", o.ranks, ", zero2=", o.ranks, ")");
   const std::vector<Combination> combos =
       parse_combinations(o.techniques.empty() ? default_candidates(p.workload.batch) +
-                                                    (o.devices.empty() ? "" : "," + split_candidates(p.workload, o.devices.size()))
+                                                    (o.devices.empty() ? "" : "," + split_candidates(p.workload, o.devices.size())) +
+                                                    (o.ranks ? "," + rank_candidates(o.ranks) : "")
                                               : o.techniques,
                          p.workload.batch, p.device, o.devices);
   for (const Combination& c : combos) {
+    MG_CHECK(c.ranks <= kMaxPlannedRanks, "plan: '", c.name, "': at most ", kMaxPlannedRanks, " ranks are planned (each "
+             "is simulated), got ", c.ranks);
     MG_CHECK(!c.parallel.pipeline, "plan: '", c.name, "': pipelined splits are not planned yet (plan split=stages:K "
              "without pipeline=; memgrad bench measures pipelines)");
     MG_CHECK(!(c.parallel.active() && c.techniques.offload_activations), "plan: '", c.name,
@@ -232,13 +272,22 @@ Plan make_plan(const PlanOptions& o) {
     PlanRow row{.combination = c};
     // --verify runs the device for verify_steps: the meta step then runs as many (Note [Steady state]).
     const int steps = o.verify ? int(o.verify_steps) : kUntilSteady;
-    StepMeasurement m = measure_on_meta(p.workload, c, p.device, steps, 0);
-    row.fits = fits_budget(p.workload, c, p.device, steps, p.budget, m);
-    row.memory = m.memory;
-    row.devices = named_devices(c, m.devices);
-    row.flops = m.flops;
-    row.allocated_bytes = m.allocated_bytes;
-    row.estimated_ms = p.calibration.estimate_ms(m.flops);
+    // A data-parallel row: every rank simulated in turn; the row is its fullest rank, it fits when
+    // every rank does, and its time is rank 0's step plus its collectives (Note [Collective time]).
+    for (int rank = 0; rank < std::max(1, c.ranks); ++rank) {
+      StepMeasurement m = measure_on_meta(p.workload, c, p.device, steps, 0, rank);
+      const bool fits = fits_budget(p.workload, c, p.device, steps, p.budget, rank, m);
+      row.fits = rank == 0 ? fits : row.fits && fits;
+      if (c.ranks > 0) row.ranks.push_back({.rank = rank, .memory = m.memory});
+      if (rank == 0 || m.memory.peak > row.memory.peak) row.memory = m.memory;
+      if (rank > 0) continue;
+      row.devices = named_devices(c, m.devices);
+      row.flops = m.flops;
+      row.allocated_bytes = m.allocated_bytes;
+      row.traffic = m.traffic;
+      row.comm_ms = collective_ms(m.traffic, c.ranks, p.calibration.gbytes_per_s);
+      row.estimated_ms = p.calibration.estimate_ms(m.flops) + row.comm_ms;
+    }
     p.rows.push_back(row);
   }
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -298,6 +347,11 @@ std::string Plan::table() const {
   if (std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return !r.devices.empty(); }))
     os << "split rows: the row is its fullest device; each device's own peaks follow it (what it holds at the end; "
           "'fits': every device under the budget; est ms: the whole step's work, the devices in turn)\n";
+  if (std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return !r.ranks.empty(); }))
+    os << "data-parallel rows (ddp=N, zeroS=N): the row is its fullest rank, each rank on a device of its own with "
+          "its 1/N of the batch; each rank's peaks follow it (a simulated group each); 'fits': every rank under the "
+          "budget; est ms: one rank's step plus its collectives' bytes at the copy bandwidth, none hidden; --verify "
+          "does not run them: mpirun -np N memgrad bench --ddp --techniques NAME does\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const PlanRow& r = rows[i];
     auto cat = [&](MemoryCategory k) { return mib(r.memory.category[size_t(k)]); };
@@ -332,6 +386,23 @@ std::string Plan::table() const {
         os << line;
       }
       os << "  holds " << d.modules << "\n";
+    }
+    for (const PlanRow::RankMemory& k : r.ranks) {  // a data-parallel row: each rank's own peaks
+      auto kcat = [&](MemoryCategory c) { return mib(k.memory.category[size_t(c)]); };
+      std::snprintf(line, sizeof line, "  rank %-19d %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %10.2f %10.2f", k.rank,
+                    kcat(MemoryCategory::parameter), kcat(MemoryCategory::gradient),
+                    kcat(MemoryCategory::optimizer_state), kcat(MemoryCategory::activation),
+                    kcat(MemoryCategory::workspace), kcat(MemoryCategory::input), mib(k.memory.peak),
+                    mib(k.memory.reserved));
+      os << line;
+      if (k.rank == 0) {
+        const ProcessGroup::Traffic& t = r.traffic;
+        std::snprintf(line, sizeof line, "  collectives per step: all-reduce %.2f, reduce-scatter %.2f, all-gather %.2f, "
+                      "broadcast %.2f MiB; %.1f ms of the estimate", mib(t.all_reduce), mib(t.reduce_scatter),
+                      mib(t.all_gather), mib(t.broadcast), r.comm_ms);
+        os << line;
+      }
+      os << "\n";
     }
   }
   if (recommended >= 0) {
@@ -400,6 +471,19 @@ nlohmann::json Plan::to_json() const {
         devices.push_back(dj);
       }
       j["devices"] = devices;
+    }
+    if (!r.ranks.empty()) {  // a data-parallel row: each rank's peaks, rank 0's collectives
+      nlohmann::json ranks = nlohmann::json::array();
+      for (const PlanRow::RankMemory& k : r.ranks) {
+        nlohmann::json kj{{"rank", k.rank}, {"peak_bytes", k.memory.peak}, {"reserved_bytes", k.memory.reserved}};
+        for (MemoryCategory c : kAllMemoryCategories)
+          kj["peak_" + std::string(category_name(c)) + "_bytes"] = k.memory.category[size_t(c)];
+        ranks.push_back(kj);
+      }
+      j["ranks"] = ranks;
+      j["collective_bytes"] = {{"all_reduce", r.traffic.all_reduce}, {"reduce_scatter", r.traffic.reduce_scatter},
+                               {"all_gather", r.traffic.all_gather}, {"broadcast", r.traffic.broadcast}};
+      j["collective_ms"] = r.comm_ms;
     }
     if (r.measured) {
       j["measured_peak_bytes"] = r.measured->peak;

@@ -25,6 +25,7 @@ struct PlanOptions {
   int64_t batch = 0;                // 0: the workload's
   std::string device = "cpu:0";     // the device the run would train on
   std::vector<Device> devices{};    // --devices: what split= candidates cut the model over
+  int ranks = 0;                    // --ranks: the default candidates add data parallelism over this many
   std::string memory_limit{};       // the budget, e.g. "512MiB" ("": none, every candidate fits)
   std::string techniques{};         // bench's syntax; "": the default candidates (default_candidates)
   std::string optimizer = "adamw";  // adamw, adamw8bit or sgd
@@ -52,6 +53,15 @@ struct PlanRow {
   StepMemory memory{};       // meta: exact, per category (a split: its fullest device's)
   // A split row: each device's memory (meta, named by the real devices) and what lives there.
   std::vector<StepMeasurement::DeviceMemory> devices{};
+  // A data-parallel row (ddp=N, zeroS=N): every rank's memory (meta, a simulated group each), and
+  // rank 0's collectives of one step with their estimated time (in estimated_ms).
+  struct RankMemory {
+    int rank = 0;
+    StepMemory memory{};
+  };
+  std::vector<RankMemory> ranks{};
+  ProcessGroup::Traffic traffic{};
+  double comm_ms = 0.0;
   FlopCounts flops{};
   int64_t allocated_bytes = 0;
   double estimated_ms = 0.0;
@@ -91,9 +101,13 @@ std::string default_candidates(int64_t batch);
 // With --devices, the default candidates add these splits over that many devices: balanced (plain,
 // checkpointed, bf16), and for a GPT attention-mlp (2 devices) and tensor (when the heads divide).
 std::string split_candidates(const PlanWorkload& w, size_t devices);
+// With --ranks N, the default candidates add data parallelism over N ranks: ddp, zero1, zero2 and
+// zero2 with checkpointing and with bf16 (bf16pure's bf16 gradients are not summed by DDP).
+std::string rank_candidates(int ranks);
 
 // Throws on a bad model, device, budget or technique (split= without --devices or that the model
-// or devices do not allow, pipeline=, a split with offload); and when the budget is below what
+// or devices do not allow, pipeline=, a split with offload, ranks that do not divide the batch);
+// and when the budget is below what
 // the parameters alone take, naming the least any candidate needs and what lowers it.
 Plan make_plan(const PlanOptions& options);
 

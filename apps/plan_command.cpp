@@ -27,9 +27,12 @@ void add_plan_command(CLI::App& app) {
       "--devices", [o](const std::string& s) { o->devices = parse_flag("--devices", s, parse_devices); },
       "devices the split= candidates cut the model over, e.g. cpu:0,cpu:1 (each device's peaks under its row; "
       "--memory-limit is then every device's budget)");
+  cmd->add_option("--ranks", o->ranks,
+                  "add data-parallel candidates over this many ranks (ddp=N, zero1=N, zero2=N, ckpt+zero2=N, "
+                  "bf16+zero2=N: each rank on a device of its own, --memory-limit each rank's budget)");
   cmd->add_option("--memory-limit", o->memory_limit, "the device's budget, e.g. 512MiB or 24GiB (default: none)");
   cmd->add_option("--techniques", o->techniques,
-                  "the candidates in memgrad bench's syntax, e.g. none,ckpt,bf16+accum8,split=balanced (default: every checkpoint "
+                  "the candidates in memgrad bench's syntax, e.g. none,ckpt,bf16+accum8,split=balanced,zero2=4 (default: every checkpoint "
                   "policy x precision x {no accumulation, accum4}, and offload)");
   cmd->add_option("--optimizer", o->optimizer, "adamw, adamw8bit or sgd")->capture_default_str();
   cmd->add_flag("--json", *json, "print the rows as a JSON list instead of the table");

@@ -10,6 +10,7 @@
 #include <ctime>
 #include <deque>
 
+#include "apps/ddp_setup.h"
 #include "apps/model_parallel_run.h"
 #include "autograd/grad_mode.h"
 #include "core/allocator.h"
@@ -134,13 +135,27 @@ int64_t PlanWorkload::num_parameters() const {
 int64_t PlanWorkload::items_per_step() const { return is_gpt() ? batch * gpt->context : batch; }
 
 StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device, int steps,
-                             int64_t memory_limit, const ModelParallelOptions& parallel) {
+                             int64_t memory_limit, const ModelParallelOptions& parallel,
+                             const DataParallelOptions& data_parallel) {
   MG_CHECK(w.gpt.has_value() != w.mobilenet.has_value(), "measure_step: a workload is one GPT or one MobileNetV2");
   MG_CHECK(w.batch > 0 && (steps >= 2 || steps == kUntilSteady), "measure_step: needs a batch (got ", w.batch,
            ") and 2+ steps (got ", steps, ")");
   MG_CHECK(!parallel.pipeline, "measure_step: a pipelined split is not measured here (its stages run on worker threads)");
   MG_CHECK(!(parallel.active() && t.offload_activations), "measure_step: a split model does not offload activations");
   t.validate(w.batch, device);
+  // Data parallel: this rank's rows of every batch, checked as prepare_data_parallel checks them.
+  PlanWorkload rank_w = w;
+  ProcessGroup* group = data_parallel.enabled ? data_parallel.group.get() : nullptr;
+  if (data_parallel.enabled) {
+    MG_CHECK(group, "measure_step: data parallelism needs a process group (real or simulated)");
+    MG_CHECK(!parallel.active(), "measure_step: data parallelism does not combine with a split model (each rank "
+             "trains a whole replica)");
+    const int N = group->world_size();
+    MG_CHECK(w.batch % N == 0, "measure_step: the batch of ", w.batch, " does not split evenly over ", N, " ranks");
+    MG_CHECK(t.micro_batch <= w.batch / N, "measure_step: the micro-batch of ", t.micro_batch, " is larger than each "
+             "rank's ", w.batch / N, " rows of the batch");
+    rank_w.batch = w.batch / N;
+  }
   TechniqueOptions tech = t;
   if (device.is_meta() && tech.offload_activations) tech.offload_activations = Device(DeviceType::meta, device.index + 1);
   StreamRecorder streams;  // dropout draws: put back at the end
@@ -175,8 +190,12 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
                     w.batch, tech.micro_batch);
     const Device input_device = placed ? placed->input_device() : device;
     const Device label_device = placed ? placed->output_device() : device;
-    std::unique_ptr<Optimizer> opt = make_optimizer(o, *model);
-    Trainer trainer(*model, *opt, tech.trainer_options(w.grad_clip));
+    o.data_parallel = data_parallel;
+    const std::unique_ptr<DistributedDataParallel> ddp = make_data_parallel(o, *model);  // null without
+    std::unique_ptr<Optimizer> opt = make_optimizer(o, *model, ddp.get());
+    TrainerOptions trainer_options = tech.trainer_options(w.grad_clip);
+    trainer_options.sync = ddp.get();
+    Trainer trainer(*model, *opt, trainer_options);
     std::vector<PeakMeter> meters;
     for (const Device& d : devices) meters.emplace_back(d);
     // Note [Steady state]: a block reused from the cache may be larger than asked, so the first
@@ -185,12 +204,13 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     std::vector<std::pair<int64_t, int64_t>> previous(devices.size(), {-1, -1});  // peak, reserved
     const int max_steps = steps == kUntilSteady ? kMaxSteadySteps : steps;
     for (int s = 0; s < max_steps; ++s) {
+      const ProcessGroup::Traffic traffic0 = group ? group->traffic() : ProcessGroup::Traffic{};
       FlopCounter flops;
       AllocatedBytes bytes(devices, tech.offload_activations);
       times.start();
       const double cpu0 = process_cpu_seconds();
       for (PeakMeter& m : meters) m.begin_step();
-      Batches b = make_batches(w, input_device);
+      Batches b = make_batches(rank_w, input_device);
       const Tensor& input = b.held.front().first;
       const Tensor& target = b.held.front().second;
       Trainer::MicroLoss loss;
@@ -207,7 +227,7 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
         };
       }
       try {
-        trainer.step(w.batch, loss);
+        trainer.step(rank_w.batch, loss);
       } catch (const OutOfMemoryError& e) {  // a split model: say which modules live on the full device
         if (placed) throw with_placement(e, placed->placement);
         throw;
@@ -223,6 +243,13 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
       if (s > 0) out.timed_cpu_ms.push_back(1e3 * (process_cpu_seconds() - cpu0));
       out.flops = flops.counts();
       out.allocated_bytes = bytes.bytes;
+      if (group) {
+        const ProcessGroup::Traffic now = group->traffic();
+        out.traffic = {.all_reduce = now.all_reduce - traffic0.all_reduce,
+                       .reduce_scatter = now.reduce_scatter - traffic0.reduce_scatter,
+                       .all_gather = now.all_gather - traffic0.all_gather,
+                       .broadcast = now.broadcast - traffic0.broadcast};
+      }
       if (steady) break;
     }
     for (size_t i = 0; i < devices.size(); ++i)

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "apps/data_parallel_options.h"
 #include "apps/model_parallel_options.h"
 #include "apps/step_meters.h"
 #include "apps/technique_options.h"
@@ -60,6 +61,8 @@ struct StepMeasurement {
   // The same steps' CPU time of the whole process (all its threads): unlike wall-clock time, not
   // inflated while other processes hold the cores (Note [CPU time] in plan_step.cpp).
   std::vector<double> timed_cpu_ms{};
+  // Data parallel: the bytes this rank handed to each kind of collective in the last step.
+  ProcessGroup::Traffic traffic{};
 };
 
 // measure_step's `steps` for "until the peak is steady" (Note [Steady state] in plan_step.cpp).
@@ -75,9 +78,13 @@ inline constexpr int kMaxSteadySteps = 8;
 // as the training commands place it (place_model: attention-mlp, stages:K, balanced, tensor),
 // every device measured; `memory_limit` is then each device's budget. Not pipelined splits
 // (their stages run on worker threads) and not with activation offload.
+// With `data_parallel` enabled the step is one rank's of its group (a real one under mpirun, or
+// ProcessGroup::simulated on meta): the model wrapped in DDP as the training commands wrap it
+// (--zero, --bucket-mb), the rank's rows w.batch / N of the global batch w.batch.
 StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device,
                              int steps = kUntilSteady,
-                             int64_t memory_limit = 0, const ModelParallelOptions& parallel = {});
+                             int64_t memory_limit = 0, const ModelParallelOptions& parallel = {},
+                             const DataParallelOptions& data_parallel = {});
 
 // The update alone of `w` under `precision` on `device`: the median ms of `reps` (after a warm-up)
 // optimizer steps with gradient clipping as the Trainer does them, over gradients of zeros (the

@@ -142,8 +142,10 @@ DistributedDataParallel::DistributedDataParallel(Module& model, std::shared_ptr<
   for (const auto& [n, p] : params_) {
     MG_CHECK(p.dtype() == DType::f32 || p.dtype() == DType::f64, "DDP: parameter '", n, "' is ", p.dtype(),
              "; data-parallel gradients are summed in f32 or f64 (bf16-pure parameters are not supported)");
-    MG_CHECK(p.device().is_cpu() || (p.device().is_cuda() && group_->nccl()), "DDP: parameter '", n, "' is on ",
-             p.device().str(), "; host tensors go over MPI, cuda:N tensors need ProcessGroup::init_nccl()");
+    MG_CHECK(p.device().is_cpu() || (p.device().is_cuda() && group_->nccl()) ||
+                 (p.device().is_meta() && group_->is_simulated()),
+             "DDP: parameter '", n, "' is on ", p.device().str(),
+             "; host tensors go over MPI, cuda:N tensors need ProcessGroup::init_nccl(), meta tensors a simulated group");
     MG_CHECK(p.is_contiguous(), "DDP: parameter '", n, "' is not contiguous");
   }
   const NamedTensors buffers = model.named_buffers();
@@ -294,11 +296,13 @@ void DistributedDataParallel::launch(Bucket& b) {
   b.launched = true;
   ProcessGroup* g = group_.get();
   if (opt_.zero < 2) {
-    comm_->push([g, flat = b.flat] { g->all_reduce(flat, ReduceOp::sum); });
+    communicate([g, flat = b.flat] { g->all_reduce(flat, ReduceOp::sum); });
     return;
   }
   // Stage 2: this pass's gradients into a flat buffer, dropped from the parameters, then
-  // reduce-scattered into (or added to) this rank's shard; the buffer is freed on the worker.
+  // reduce-scattered into (or added to) this rank's shard. Note [One bucket in flight]: the
+  // previous bucket's buffers are freed first, here, once its reduce-scatter is done.
+  retire_in_flight();
   NoGradGuard no_grad;
   Tensor flat, part;
   {
@@ -319,17 +323,38 @@ void DistributedDataParallel::launch(Bucket& b) {
   if (!part.defined()) {
     MemoryCategoryGuard tag(MemoryCategory::workspace);
     part = empty(b.shard.shape(), {.dtype = b.dtype, .device = b.device});
-    comm_->push([g, flat, part, shard = b.shard]() mutable {
+    communicate([g, flat, part, shard = b.shard] {
       g->reduce_scatter(flat, part, ReduceOp::sum);
       accumulate_(shard, part);
-      flat = part = Tensor();
     });
+    in_flight_ = {flat, part};
   } else {
-    comm_->push([g, flat, part]() mutable {
-      g->reduce_scatter(flat, part, ReduceOp::sum);
-      flat = Tensor();
-    });
+    communicate([g, flat, part] { g->reduce_scatter(flat, part, ReduceOp::sum); });
+    in_flight_ = {flat};
   }
+}
+
+// Note [One bucket in flight]: under ZeRO-2 a bucket's flat buffer (and a later micro-batch's
+// scratch shard) lives from its launch until the next bucket's launch or the end of backward,
+// where the main thread waits for its reduce-scatter and drops it. Freed on the worker instead,
+// a rank's peak would depend on how fast the other ranks reach each collective; this way it holds
+// at most one bucket in flight, at moments the step itself fixes, the same on every run and on a
+// simulated rank (Note [Simulated ranks]). The wait is exposed communication time.
+void DistributedDataParallel::retire_in_flight() {
+  if (in_flight_.empty()) return;
+  const auto t0 = Clock::now();
+  busy_s_ += comm_->wait_idle();
+  waited_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  in_flight_.clear();
+}
+
+// Note [Simulated ranks] (parallel/process_group.h): a simulated group's collectives are instant,
+// so they run here, on the calling thread. Each bucket is then reduced and (ZeRO-2) freed the
+// moment it is launched, as on a rank whose network keeps up with backward, and the step's memory
+// is the same on every run instead of depending on when a worker thread got to it.
+void DistributedDataParallel::communicate(std::function<void()> task) {
+  if (group_->is_simulated()) task();
+  else comm_->push(std::move(task));
 }
 
 void DistributedDataParallel::finish_gradients() {
@@ -340,8 +365,10 @@ void DistributedDataParallel::finish_gradients() {
   launch_ready();
   syncing_ = false;
   const auto t0 = Clock::now();
-  comm_s_ = comm_->wait_idle();
-  exposed_s_ = std::chrono::duration<double>(Clock::now() - t0).count();
+  comm_s_ = busy_s_ + comm_->wait_idle();
+  exposed_s_ = waited_s_ + std::chrono::duration<double>(Clock::now() - t0).count();
+  busy_s_ = waited_s_ = 0;
+  in_flight_.clear();
   if (opt_.zero == 0) return;
   // The optimizer's pieces read their slice of the summed gradients.
   const int64_t N = group_->world_size();

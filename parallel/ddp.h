@@ -7,6 +7,7 @@
 // the optimizer state, stage 2 also the gradients (reduce-scattered bucket by bucket).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -78,6 +79,8 @@ class DistributedDataParallel final : public GradientSync {
   class CommThread;
   void on_grad_ready(size_t param);
   void launch_ready();
+  void communicate(std::function<void()> task);  // on the communication thread (a simulated group: here)
+  void retire_in_flight();                       // Note [One bucket in flight] (ddp.cpp)
   void launch(Bucket& b);
   void adopt_gradient(size_t param);  // into its bucket's view (stages 0, 1)
   void gather_parameters();
@@ -94,6 +97,8 @@ class DistributedDataParallel final : public GradientSync {
   bool syncing_ = false;      // this backward's hooks launch buckets
   size_t next_launch_ = 0;    // buckets launch in index order on every rank
   double comm_s_ = 0, exposed_s_ = 0;
+  double busy_s_ = 0, waited_s_ = 0;  // this step's so far, before finish_gradients adds its wait
+  std::vector<Tensor> in_flight_;     // ZeRO-2: the last launched bucket's buffers
   std::shared_ptr<DistributedDataParallel*> alive_;  // what the grad-ready hooks call through
   // Per optimizer group: its parameters, and this rank's pieces of them (optimizer_groups).
   mutable std::vector<int64_t> group_sizes_, group_pieces_;

@@ -8,6 +8,7 @@
 // communication thread does during backward) as long as every rank issues them in the same order.
 #include "parallel/process_group.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -151,6 +152,30 @@ std::chrono::milliseconds ProcessGroup::default_timeout() {
 ProcessGroup::ProcessGroup(LaunchInfo info, std::chrono::milliseconds timeout) : info_(std::move(info)), timeout_(timeout) {}
 ProcessGroup::~ProcessGroup() = default;
 
+std::shared_ptr<ProcessGroup> ProcessGroup::simulated(int rank, int world_size) {
+  MG_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "process group: a simulated rank ", rank, " of ",
+           world_size, " ranks does not exist");
+  LaunchInfo info{.rank = rank, .world_size = world_size, .local_rank = rank, .source = "simulated"};
+  std::shared_ptr<ProcessGroup> g(new ProcessGroup(info, default_timeout()));
+  g->simulated_ = true;
+  return g;
+}
+
+bool ProcessGroup::simulate(const char* op, const Tensor& t, int64_t Traffic::*kind) {
+  if (!simulated_) return false;
+  MG_CHECK(t.device().is_meta(), op, ": a simulated rank (rank ", info_.rank, " of ", info_.world_size,
+           ") moves meta tensors only, got one on ", t.device().str());
+  std::lock_guard<std::mutex> lk(g_mu);
+  ++seq_;
+  traffic_.*kind += int64_t(t.nbytes());
+  return true;
+}
+
+ProcessGroup::Traffic ProcessGroup::traffic() const {
+  std::lock_guard<std::mutex> lk(g_mu);
+  return traffic_;
+}
+
 std::shared_ptr<ProcessGroup> ProcessGroup::world(std::chrono::milliseconds timeout) {
   LaunchInfo info = launch_info_from_env();
   // One process that no launcher started needs no MPI (and no singleton MPI start-up).
@@ -236,6 +261,7 @@ void ProcessGroup::agree(const Call& c) {
 
 void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) {
   MG_CHECK(t.defined() && t.is_contiguous(), "all_reduce: the tensor must be defined and contiguous");
+  if (simulate("all_reduce", t, &Traffic::all_reduce)) return;
   if (t.device().is_cuda()) {
     MG_CHECK(nccl_, "all_reduce: a ", t.device().str(), " tensor needs NCCL (ProcessGroup::init_nccl)");
     nccl_->all_reduce(t, op == ReduceOp::mean);
@@ -244,6 +270,7 @@ void ProcessGroup::all_reduce(const Tensor& t, ReduceOp op) {
   MG_CHECK(t.device().is_cpu(), "all_reduce: no backend for ", t.device().str());
   std::lock_guard<std::mutex> lk(g_mu);
   const Call c{.kind = Call::all_reduce, .count = t.numel(), .dtype = t.dtype(), .seq = seq_++};
+  traffic_.all_reduce += int64_t(t.nbytes());
   if (info_.world_size == 1) return;
 #ifdef MG_WITH_MPI
   agree(c);
@@ -263,6 +290,7 @@ void ProcessGroup::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp 
            "reduce_scatter: in and out must be contiguous tensors of one dtype on one device");
   MG_CHECK(in.numel() == out.numel() * info_.world_size, "reduce_scatter: in has ", in.numel(),
            " elements, expected world size ", info_.world_size, " x out's ", out.numel());
+  if (simulate("reduce_scatter", in, &Traffic::reduce_scatter)) return;
   if (in.device().is_cuda()) {
     MG_CHECK(nccl_, "reduce_scatter: a ", in.device().str(), " tensor needs NCCL (ProcessGroup::init_nccl)");
     nccl_->reduce_scatter(in, out, op == ReduceOp::mean);
@@ -271,6 +299,7 @@ void ProcessGroup::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp 
   MG_CHECK(in.device().is_cpu(), "reduce_scatter: no backend for ", in.device().str());
   std::lock_guard<std::mutex> lk(g_mu);
   const Call c{.kind = Call::reduce_scatter, .count = in.numel(), .dtype = in.dtype(), .seq = seq_++};
+  traffic_.reduce_scatter += int64_t(in.nbytes());
   if (info_.world_size == 1) {
     std::memcpy(out.data_ptr(), in.data_ptr(), out.nbytes());
     return;
@@ -294,6 +323,7 @@ void ProcessGroup::all_gather(const Tensor& in, const Tensor& out) {
            "all_gather: in and out must be contiguous tensors of one dtype on one device");
   MG_CHECK(out.numel() == in.numel() * info_.world_size, "all_gather: out has ", out.numel(),
            " elements, expected world size ", info_.world_size, " x in's ", in.numel());
+  if (simulate("all_gather", out, &Traffic::all_gather)) return;
   if (in.device().is_cuda()) {
     MG_CHECK(nccl_, "all_gather: a ", in.device().str(), " tensor needs NCCL (ProcessGroup::init_nccl)");
     nccl_->all_gather(in, out);
@@ -302,6 +332,7 @@ void ProcessGroup::all_gather(const Tensor& in, const Tensor& out) {
   MG_CHECK(in.device().is_cpu(), "all_gather: no backend for ", in.device().str());
   std::lock_guard<std::mutex> lk(g_mu);
   const Call c{.kind = Call::all_gather, .count = in.numel(), .dtype = in.dtype(), .seq = seq_++};
+  traffic_.all_gather += int64_t(out.nbytes());
   // in may be rank r's own block of out (in place).
   const bool in_place = static_cast<const char*>(in.data_ptr()) ==
                         static_cast<const char*>(out.data_ptr()) + size_t(info_.rank) * in.nbytes();
@@ -323,6 +354,7 @@ void ProcessGroup::all_gather(const Tensor& in, const Tensor& out) {
 void ProcessGroup::broadcast(const Tensor& t, int root) {
   MG_CHECK(t.defined() && t.is_contiguous(), "broadcast: the tensor must be defined and contiguous");
   MG_CHECK(root >= 0 && root < info_.world_size, "broadcast: root ", root, " is not a rank of ", info_.world_size);
+  if (simulate("broadcast", t, &Traffic::broadcast)) return;
   if (t.device().is_cuda()) {
     MG_CHECK(nccl_, "broadcast: a ", t.device().str(), " tensor needs NCCL (ProcessGroup::init_nccl)");
     nccl_->broadcast(t, root);
@@ -331,6 +363,7 @@ void ProcessGroup::broadcast(const Tensor& t, int root) {
   MG_CHECK(t.device().is_cpu(), "broadcast: no backend for ", t.device().str());
   std::lock_guard<std::mutex> lk(g_mu);
   const Call c{.kind = Call::broadcast, .count = t.numel(), .dtype = t.dtype(), .root = root, .seq = seq_++};
+  traffic_.broadcast += int64_t(t.nbytes());
   if (info_.world_size == 1) return;
 #ifdef MG_WITH_MPI
   agree(c);
@@ -343,13 +376,19 @@ void ProcessGroup::broadcast(const Tensor& t, int root) {
 void ProcessGroup::barrier() {
   std::lock_guard<std::mutex> lk(g_mu);
   const Call c{.kind = Call::barrier, .seq = seq_++};
-  if (info_.world_size == 1) return;
+  if (info_.world_size == 1 || simulated_) return;
 #ifdef MG_WITH_MPI
   agree(c);  // the agreement is itself a barrier
 #endif
 }
 
 double ProcessGroup::all_reduce_scalar(double v, ReduceOp op) {
+  if (simulated_) {  // Note [Simulated ranks]: the f64 the real one all-reduces, counted
+    std::lock_guard<std::mutex> lk(g_mu);
+    ++seq_;
+    traffic_.all_reduce += int64_t(sizeof(double));
+    return op == ReduceOp::sum ? v * info_.world_size : v;
+  }
   Tensor t = empty({1}, {.dtype = DType::f64});
   t.data<double>()[0] = v;
   all_reduce(t, op);
@@ -357,6 +396,12 @@ double ProcessGroup::all_reduce_scalar(double v, ReduceOp op) {
 }
 
 std::string ProcessGroup::broadcast_string(const std::string& s, int root) {
+  if (simulated_) {  // the length and the bytes the real one broadcasts, counted
+    std::lock_guard<std::mutex> lk(g_mu);
+    seq_ += 2;
+    traffic_.broadcast += int64_t(sizeof(int64_t) + std::max<size_t>(s.size(), 1));
+    return s;
+  }
   Tensor n = empty({1}, {.dtype = DType::i64});
   n.data<int64_t>()[0] = int64_t(s.size());
   broadcast(n, root);
@@ -368,6 +413,7 @@ std::string ProcessGroup::broadcast_string(const std::string& s, int root) {
 }
 
 void ProcessGroup::init_nccl() {
+  MG_CHECK(!simulated_, "process group: a simulated rank has no NCCL (it moves meta tensors only)");
   if (!nccl_) nccl_ = NcclComm::create(*this);
 }
 

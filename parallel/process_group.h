@@ -4,6 +4,8 @@
 // builds only). Note [Collective timeouts]: every collective is non-blocking MPI polled against a
 // deadline, and first agrees on what it is (kind, element count, dtype, sequence number), so a
 // dead or diverged rank is an error on the others that names the collective and the rank, never a hang.
+// A simulated group (Note [Simulated ranks]) stands for one rank of N in a single process, on meta
+// tensors: what the planner runs to measure a rank's memory and traffic without launching N.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -40,6 +42,12 @@ class ProcessGroup {
   static std::shared_ptr<ProcessGroup> world(std::chrono::milliseconds timeout = default_timeout());
   // MEMGRAD_DDP_TIMEOUT_S (seconds) or 300 s.
   static std::chrono::milliseconds default_timeout();
+  // Note [Simulated ranks]: rank `rank` of `world_size` in this one process, for a step on the
+  // meta device (shapes and bytes, no data): each collective checks its arguments as the real one
+  // does, requires meta tensors, counts its bytes (traffic()) and returns, since there is nothing
+  // to move. Scalars come back as if every rank held this one's value (a sum is world_size x v), and
+  // broadcast strings as sent. No MPI is needed or touched.
+  static std::shared_ptr<ProcessGroup> simulated(int rank, int world_size);
   ~ProcessGroup();
   ProcessGroup(const ProcessGroup&) = delete;
   ProcessGroup& operator=(const ProcessGroup&) = delete;
@@ -48,6 +56,7 @@ class ProcessGroup {
   int world_size() const { return info_.world_size; }
   int local_rank() const { return info_.local_rank; }
   const LaunchInfo& info() const { return info_; }
+  bool is_simulated() const { return simulated_; }
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
 
@@ -70,16 +79,27 @@ class ProcessGroup {
   NcclComm* nccl() const { return nccl_.get(); }
   // Collectives issued so far (the sequence number errors name).
   int64_t collectives() const { return seq_; }
+  // The bytes this rank handed to each kind of collective so far: an all_reduce's and a broadcast's
+  // tensor, a reduce_scatter's input, an all_gather's output (host tensors and simulated ones).
+  struct Traffic {
+    int64_t all_reduce = 0, reduce_scatter = 0, all_gather = 0, broadcast = 0;
+  };
+  Traffic traffic() const;
 
  private:
   ProcessGroup(LaunchInfo info, std::chrono::milliseconds timeout);
   struct Call;  // one collective's description, for agreement and errors
   void agree(const Call& c);
   void wait(void* request, const Call& c, const char* phase);
+  // A simulated group's collective: checks the tensor is on meta and counts its bytes (true), or
+  // does nothing for a real group (false).
+  bool simulate(const char* op, const Tensor& t, int64_t Traffic::*kind);
 
   LaunchInfo info_;
+  bool simulated_ = false;
   std::chrono::milliseconds timeout_;
   int64_t seq_ = 0;
+  Traffic traffic_{};
   std::unique_ptr<NcclComm> nccl_;
 };
 
