@@ -65,11 +65,12 @@ std::vector<StepMeasurement::DeviceMemory> named_devices(const Combination& c, s
 
 // A data-parallel row's rank `rank`: a simulated group (Note [Simulated ranks]) in the row's
 // ZeRO stage; inactive for other rows.
-DataParallelOptions simulated_rank(const Combination& c, int rank) {
+DataParallelOptions simulated_rank(const Combination& c, int rank, double bucket_mb) {
   DataParallelOptions d;
   if (c.ranks == 0) return d;
   d.enabled = true;
   d.zero = c.zero;
+  d.bucket_mb = bucket_mb;
   d.group = ProcessGroup::simulated(rank, c.ranks);
   return d;
 }
@@ -77,11 +78,11 @@ DataParallelOptions simulated_rank(const Combination& c, int rank) {
 // A row's step on meta (a data-parallel row: rank `rank`'s); a split's errors (a split the model
 // does not allow) name the real devices and the combination, not the meta devices standing in.
 StepMeasurement measure_on_meta(const PlanWorkload& w, const Combination& c, const Device& device, int steps,
-                                int64_t budget, int rank) {
+                                int64_t budget, int rank, double bucket_mb) {
   const OnMeta meta = on_meta(c, device);
   try {
     return measure_step(workload_of(w, c), c.techniques, meta.home, steps, budget, meta.parallel,
-                        simulated_rank(c, rank));
+                        simulated_rank(c, rank, bucket_mb));
   } catch (const OutOfMemoryError&) {
     throw;
   } catch (const Error& e) {
@@ -102,7 +103,7 @@ StepMeasurement measure_on_meta(const PlanWorkload& w, const Combination& c, con
 // That run's memory then replaces `m`'s: under pressure the allocator releases and cuts its
 // blocks otherwise, so it is what a run under this budget allocates.
 bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& device, int steps, int64_t budget,
-                 int rank, StepMeasurement& m) {
+                 int rank, double bucket_mb, StepMeasurement& m) {
   bool all_reserved = true, any_peak = false;
   for (const auto& d : m.devices) {
     all_reserved = all_reserved && d.memory.reserved <= budget;
@@ -111,7 +112,7 @@ bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& devi
   if (budget <= 0 || all_reserved) return true;
   if (any_peak) return false;
   try {
-    m = measure_on_meta(w, c, device, steps, budget, rank);
+    m = measure_on_meta(w, c, device, steps, budget, rank, bucket_mb);
     return true;
   } catch (const OutOfMemoryError&) {
     return false;
@@ -248,6 +249,7 @@ Plan make_plan(const PlanOptions& o) {
     MG_CHECK(d.is_cpu(), "plan: --devices ", d.str(), ": plans are for cpu:N for now, as --device");
   MG_CHECK(o.devices.size() < size_t(kMaxDevicesPerType - kFirstSplitMeta), "plan: --devices takes at most ",
            kMaxDevicesPerType - kFirstSplitMeta - 1, " devices, got ", o.devices.size());
+  MG_CHECK(o.bucket_mb > 0, "plan: --bucket-mb must be positive, got ", o.bucket_mb);
   MG_CHECK(o.ranks >= 0 && o.ranks <= kMaxPlannedRanks, "plan: --ranks must be between 1 and ", kMaxPlannedRanks,
            ", got ", o.ranks);
   MG_CHECK(o.ranks == 0 || o.techniques.empty(), "plan: --ranks adds data-parallel rows to the default candidates; with "
@@ -275,8 +277,8 @@ Plan make_plan(const PlanOptions& o) {
     // A data-parallel row: every rank simulated in turn; the row is its fullest rank, it fits when
     // every rank does, and its time is rank 0's step plus its collectives (Note [Collective time]).
     for (int rank = 0; rank < std::max(1, c.ranks); ++rank) {
-      StepMeasurement m = measure_on_meta(p.workload, c, p.device, steps, 0, rank);
-      const bool fits = fits_budget(p.workload, c, p.device, steps, p.budget, rank, m);
+      StepMeasurement m = measure_on_meta(p.workload, c, p.device, steps, 0, rank, o.bucket_mb);
+      const bool fits = fits_budget(p.workload, c, p.device, steps, p.budget, rank, o.bucket_mb, m);
       row.fits = rank == 0 ? fits : row.fits && fits;
       if (c.ranks > 0) row.ranks.push_back({.rank = rank, .memory = m.memory});
       if (rank == 0 || m.memory.peak > row.memory.peak) row.memory = m.memory;

@@ -26,6 +26,7 @@ struct PlanOptions {
   std::string device = "cpu:0";     // the device the run would train on
   std::vector<Device> devices{};    // --devices: what split= candidates cut the model over
   int ranks = 0;                    // --ranks: the default candidates add data parallelism over this many
+  double bucket_mb = DataParallelOptions{}.bucket_mb;  // --bucket-mb: the data-parallel rows' gradient buckets
   std::string memory_limit{};       // the budget, e.g. "512MiB" ("": none, every candidate fits)
   std::string techniques{};         // bench's syntax; "": the default candidates (default_candidates)
   std::string optimizer = "adamw";  // adamw, adamw8bit or sgd

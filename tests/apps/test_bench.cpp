@@ -121,6 +121,26 @@ TEST_CASE("memgrad bench: combinations are parsed strictly", "[apps][bench]") {
   CHECK_THROWS_WITH(run_bench(o), Catch::Contains("unknown --model 'resnet'"));
 }
 
+TEST_CASE("memgrad bench: ddp= and zeroS= are parsed strictly and need mpirun with as many ranks", "[apps][bench]") {
+  const Device cpu0 = kCPU;
+  const Combination c = parse_combination("ckpt+zero2=2", 8, cpu0);
+  CHECK(c.ranks == 2);
+  CHECK(c.zero == 2);
+  CHECK(parse_combination("ddp=4", 8, cpu0).zero == 0);
+  CHECK(parse_combination("zero1=8", 8, cpu0).zero == 1);
+  CHECK(parse_combination("ckpt", 8, cpu0).ranks == 0);
+  CHECK_THROWS_WITH(parse_combination("ddp=3", 8, cpu0), Catch::Contains("does not divide"));
+  CHECK_THROWS_WITH(parse_combination("zero2=", 8, cpu0), Catch::Contains("needs a whole number of ranks, e.g. zero2=2"));
+  CHECK_THROWS_WITH(parse_combination("accum2+ddp=8", 8, cpu0), Catch::Contains("larger than each rank's 1 rows"));
+  BenchOptions o;
+  o.gpt = GPTConfig{.vocab_size = 64, .context = 8, .n_layer = 1, .n_head = 2, .d_model = 16, .dropout = 0.0};
+  o.techniques = "none,zero2=2";
+  o.out = (std::filesystem::temp_directory_path() / "memgrad-bench-zero-without-ddp").string();
+  std::filesystem::remove_all(o.out);
+  CHECK_THROWS_WITH(run_bench(o), Catch::Contains("'zero2=2' trains over 2 ranks; run it under mpirun -np 2 with --ddp"));
+  CHECK_FALSE(std::filesystem::exists(o.out));  // refused before any row ran
+}
+
 TEST_CASE("memgrad bench: split= and pipeline= are parsed strictly", "[apps][bench][parallel]") {
   const Device cpu0 = kCPU;
   const std::vector<Device> two = {Device("cpu:3"), Device("cpu:4")};
