@@ -33,7 +33,7 @@ int64_t cat(const StepMemory& m, MemoryCategory c) { return m.category[size_t(c)
 
 }  // namespace
 
-TEST_CASE("plan ranks: every rank simulated, ZeRO shards state and gradients, fits when every rank does", "[plan][apps]") {
+TEST_CASE("plan ranks: every rank simulated with ZeRO sharding state and gradients and fits when every rank does", "[plan][apps]") {
   use_test_cache();
   PlanOptions o;
   o.workload = tiny_gpt();
@@ -98,7 +98,7 @@ TEST_CASE("plan ranks: every rank simulated, ZeRO shards state and gradients, fi
   CHECK(table.find("mpirun -np N memgrad bench --ddp") != std::string::npos);
 }
 
-TEST_CASE("plan ranks: --ranks adds data-parallel defaults; what training refuses is refused", "[plan][apps]") {
+TEST_CASE("plan ranks: --ranks adds data-parallel defaults and what training refuses is refused", "[plan][apps]") {
   use_test_cache();
   PlanOptions o;
   o.workload = tiny_gpt();

@@ -12,7 +12,7 @@
 
 using namespace mg;
 
-TEST_CASE("simulated ranks: collectives check their arguments, count their bytes and refuse host tensors", "[parallel]") {
+TEST_CASE("simulated ranks: collectives check their arguments and count their bytes and refuse host tensors", "[parallel]") {
   const Device meta(DeviceType::meta, 0);
   auto g = ProcessGroup::simulated(1, 4);
   CHECK(g->is_simulated());
