@@ -12,28 +12,12 @@
 #include "apps/plan.h"
 #include "core/error.h"
 #include "ops/cpu_gemm.h"
+#include "plan_test_util.h"
 
 using namespace mg;
 
-namespace {
-
-// Every test process shares one calibration, cached in the temp folder (never the user's home).
-void use_test_cache() {
-  const auto dir = std::filesystem::temp_directory_path() / "memgrad-test-cache";
-  ::setenv("MG_CACHE_DIR", dir.c_str(), 1);
-}
-
-PlanWorkload tiny_gpt() {
-  PlanWorkload w;
-  w.name = "tiny-gpt";
-  w.gpt = GPTConfig{.vocab_size = 64, .context = 16, .n_layer = 2, .n_head = 2, .d_model = 32, .dropout = 0.1};
-  w.batch = 4;
-  w.grad_clip = 1.0;
-  w.prefetch = 2;
-  return w;
-}
-
-}  // namespace
+using mg::test::tiny_gpt;
+using mg::test::use_test_cache;
 
 TEST_CASE("plan: every row's meta peak equals the step run on cpu:0, and fits agrees with a budgeted run", "[plan][apps]") {
   use_test_cache();

@@ -4,30 +4,16 @@
 // training commands refuse refused here.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
-#include <filesystem>
-
 #include "apps/plan.h"
 #include "core/error.h"
+#include "plan_test_util.h"
 
 using namespace mg;
 
+using mg::test::tiny_gpt;
+using mg::test::use_test_cache;
+
 namespace {
-
-void use_test_cache() {
-  const auto dir = std::filesystem::temp_directory_path() / "memgrad-test-cache";
-  ::setenv("MG_CACHE_DIR", dir.c_str(), 1);
-}
-
-PlanWorkload tiny_gpt() {
-  PlanWorkload w;
-  w.name = "tiny-gpt";
-  w.gpt = GPTConfig{.vocab_size = 64, .context = 16, .n_layer = 2, .n_head = 2, .d_model = 32, .dropout = 0.1};
-  w.batch = 4;
-  w.grad_clip = 1.0;
-  w.prefetch = 2;
-  return w;
-}
 
 int64_t cat(const StepMemory& m, MemoryCategory c) { return m.category[size_t(c)]; }
 
