@@ -179,9 +179,10 @@ void verify(Plan& p, const PlanOptions& o) {
 
 // Note [Collective time]: a data-parallel row's collectives cost the bytes a rank sends in a ring
 // (an all-reduce of n bytes sends 2 (N - 1) / N n, a reduce-scatter of n or an all-gather into n
-// (N - 1) / N n, a broadcast n), each byte moved as a copy at the calibrated bandwidth (read and
-// written once: what shared-memory MPI between ranks of one machine does), none of it hidden
-// behind backward. Another interconnect (NCCL over NVLink, a network) has other rates.
+// (N - 1) / N n, a broadcast n), each byte charged as a copy at the calibrated bandwidth, none of
+// it hidden behind backward. A stand-in, not a measured rate: the plan runs in one process and
+// cannot time MPI, and ranks sharing this machine's cores measured far longer (docs/PLAN.md,
+// "Data-parallel ranks"); another interconnect (NCCL over NVLink, a network) has other rates.
 double collective_ms(const ProcessGroup::Traffic& t, int ranks, double gbytes_per_s) {
   if (ranks <= 1) return 0.0;
   const double share = double(ranks - 1) / double(ranks);
@@ -251,7 +252,7 @@ Plan make_plan(const PlanOptions& o) {
            kMaxDevicesPerType - kFirstSplitMeta - 1, " devices, got ", o.devices.size());
   MG_CHECK(o.bucket_mb > 0, "plan: --bucket-mb must be positive, got ", o.bucket_mb);
   MG_CHECK(o.ranks >= 0 && o.ranks <= kMaxPlannedRanks, "plan: --ranks must be between 1 and ", kMaxPlannedRanks,
-           ", got ", o.ranks);
+           " (0: no data-parallel rows), got ", o.ranks);
   MG_CHECK(o.ranks == 0 || o.techniques.empty(), "plan: --ranks adds data-parallel rows to the default candidates; with "
            "--techniques name them there (ddp=", o.ranks, ", zero1=", o.ranks, ", zero2=", o.ranks, ")");
   const std::vector<Combination> combos =

@@ -108,8 +108,8 @@ std::string rank_candidates(int ranks);
 
 // Throws on a bad model, device, budget or technique (split= without --devices or that the model
 // or devices do not allow, pipeline=, a split with offload, ranks that do not divide the batch);
-// and when the budget is below what
-// the parameters alone take, naming the least any candidate needs and what lowers it.
+// and when the budget is below what the parameters alone take, naming the least any candidate
+// needs and what lowers it.
 Plan make_plan(const PlanOptions& options);
 
 }  // namespace mg
