@@ -30,7 +30,8 @@ std::shared_ptr<TensorImpl> make_impl(const Shape& shape, DType dtype, Device de
            device.str(), " was requested but this memgrad has no CUDA backend");
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(size_t(numel_of(shape)) * dtype_size(dtype), device);
-  count_elements(numel_of(shape));  // for the planner's cost model
+  // For the planner's cost model: the elements, and the block whose release ends their reuse.
+  count_elements(numel_of(shape), impl->storage->nbytes(), device, impl->storage->block_id());
   impl->sizes = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;

@@ -60,3 +60,50 @@ TEST_CASE("flop counter: new tensors report their elements whatever their dtype,
   (void)empty({7}, {.device = Device(DeviceType::meta, 0)});
   CHECK(outer.counts().elements == 7);
 }
+
+// Note [Reuse distance]: own bytes plus every other tensor touched (created, or released = read
+// for the last time) between a tensor's creation and its release, each counted once.
+TEST_CASE("flop counter: a tensor's reuse distance counts the tensors written and last read in between", "[core][flops]") {
+  FlopCounter c;
+  Tensor early = empty({1024});  // 4 KiB
+  Tensor a = empty({256});       // 1 KiB
+  early = Tensor();              // its last read: 4 KiB + a's 1 KiB = 5 KiB
+  Tensor b = empty({768});       // 3 KiB
+  a = Tensor();                  // 1 KiB + early's read 4 KiB + b's 3 KiB = 8 KiB
+  const FlopCounts n = c.counts();  // b, still alive: 3 KiB + a's read 1 KiB = 4 KiB
+  CHECK(reuse_bucket(5 << 10) == 12);
+  CHECK(reuse_bucket(8 << 10) == 13);
+  CHECK(n.elements_by_reuse[12] == 1024 + 768);
+  CHECK(n.elements_by_reuse[13] == 256);  // counting created bytes alone would have put it at 4 KiB
+  double filed = 0;
+  for (double e : n.elements_by_reuse) filed += e;
+  CHECK(filed == n.elements);
+  CHECK(reuse_bucket(0) == 0);
+  CHECK(reuse_bucket(1e30) == kNumReuseBuckets - 1);
+  CHECK(reuse_bucket_bytes(12) > 4096);
+  CHECK(reuse_bucket_bytes(12) < 8192);
+}
+
+TEST_CASE("flop counter: reuse distances of an op chain are the bytes it allocates, on meta as on cpu", "[core][flops]") {
+  for (const Device& d : {kCPU, Device(DeviceType::meta, 0)}) {
+    INFO(d.str());
+    const Tensor x = zeros({64, 128}, {.device = d});  // made before the counter: not its tensor
+    FlopCounter c;
+    Tensor y = mul(x, 2.0);          // 32 KiB each
+    Tensor z = add(y, 1.0);
+    const Tensor w = mul(z, 3.0);
+    y = Tensor();                    // y, z, w: 96 KiB
+    z = Tensor();                    // z, w, y's read: 96 KiB
+    const FlopCounts n = c.counts();  // w, y's and z's reads: 96 KiB
+    CHECK(n.elements == 3 * 64 * 128);
+    CHECK(n.elements_by_reuse[reuse_bucket(96 << 10)] == 3 * 64 * 128);
+  }
+}
+
+TEST_CASE("flop counter: a tensor released on another thread is filed by the counter that saw it made", "[core][flops]") {
+  FlopCounter c;
+  Tensor a = empty({256});  // 1 KiB
+  const Tensor b = empty({3 * 256});
+  std::thread([t = std::move(a)]() mutable { t = Tensor(); }).join();
+  CHECK(c.counts().elements_by_reuse[reuse_bucket(4 << 10)] == 256 + 3 * 256);  // a: 4 KiB; b: 3 + 1 KiB
+}
