@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -67,16 +68,23 @@ Calibration measure() {
     const double s = best_seconds(5, [&] { (void)matmul(a, b); });
     c.gflops[size_t(gemm_kind(dt))] = gemm / s / 1e9;
   }
-  // A MobileNetV2-ish depthwise 3x3 convolution: (16, 96, 56, 56).
-  {
-    Tensor x = filled({16, 96, 56, 56}, DType::f32), w = filled({96, 1, 3, 3}, DType::f32);
-    const double flops = 2.0 * 16 * 96 * 56 * 56 * 9;
-    const double s = best_seconds(5, [&] { (void)conv2d(x, w, Tensor(), {.stride = 1, .padding = 1, .groups = 96}); });
-    c.gflops[size_t(FlopKind::direct)] = flops / s / 1e9;
-  }
   // Dense convolutions: a MobileNetV2 block's pointwise pair at batch 16, 32x32 (expand 32 -> 192,
   // project 192 -> 32), forward and backward (dx, dW), in f32 and in bf16.
   EnableGradGuard grad;  // whoever asks for the rates may be inside a NoGradGuard
+  // A MobileNetV2-ish depthwise 3x3 convolution, (16, 96, 56, 56), forward and backward (dx, dW):
+  // its backward reduces over every image and position per channel and runs slower than its
+  // forward, so a forward alone would rate a step's depthwise work too fast.
+  {
+    Tensor x = filled({16, 96, 56, 56}, DType::f32).set_requires_grad(true);
+    Tensor w = filled({96, 1, 3, 3}, DType::f32).set_requires_grad(true);
+    const Tensor dout = filled({16, 96, 56, 56}, DType::f32);
+    const double flops = 3.0 * 2.0 * 16 * 96 * 56 * 56 * 9;
+    const double s = best_seconds(5, [&] {
+      for (const Tensor* t : {&x, &w}) t->set_grad(Tensor());
+      backward(conv2d(x, w, Tensor(), {.stride = 1, .padding = 1, .groups = 96}), dout);
+    });
+    c.gflops[size_t(FlopKind::direct)] = flops / s / 1e9;
+  }
   for (DType dt : {DType::f32, DType::bf16}) {
     const int64_t n = 16, hw = 32, narrow = 32, wide = 192;
     Tensor x = filled({n, narrow, hw, hw}, dt).set_requires_grad(true);
@@ -90,13 +98,26 @@ Calibration measure() {
     });
     c.gflops[size_t(conv_kind(dt))] = flops / s / 1e9;
   }
-  // Bandwidth: a 64 MiB copy reads and writes every byte.
+  // Bandwidth by working set, timed on an element-wise op as a step runs them, not on memcpy
+  // (whose streaming stores run about twice an op loop's bandwidth out of main memory, and the
+  // same out of cache): y = x * 1.5 for x of 128 KiB ... 256 MiB, each y a new tensor (the
+  // allocator hands back the block the previous y freed), so every byte is touched again after
+  // x + y bytes of traffic. Each timing repeats the op to at least 64 MiB, so small working sets
+  // are not timer noise.
   {
-    const int64_t n = int64_t(16) << 20;
-    Tensor src = filled({n}, DType::f32), dst = filled({n}, DType::f32);
-    const double s = best_seconds(5, [&] { copy_(dst, src); });
-    c.gbytes_per_s = 2.0 * 4.0 * double(n) / s / 1e9;
+    const int64_t largest = int64_t(256) << 20;  // bytes of x: a 512 MiB working set
+    const Tensor all = filled({largest / 4}, DType::f32);
+    for (int64_t half = int64_t(128) << 10; half <= largest; half *= 2) {
+      const Tensor x = narrow(all, 0, 0, half / 4);
+      const int64_t repeats = std::max<int64_t>(1, (int64_t(64) << 20) / (2 * half));
+      const double s = best_seconds(3, [&] {
+        for (int64_t r = 0; r < repeats; ++r) (void)mul(x, 1.5);
+      });
+      c.bandwidth.push_back({.working_set_bytes = 2.0 * double(half),
+                             .gbytes_per_s = 2.0 * double(half) * double(repeats) / s / 1e9});
+    }
   }
+  empty_cache(kCPU);  // the bandwidth's 512 MiB go back now, not with the next plan's fresh pool
   return c;
 }
 
@@ -117,8 +138,11 @@ std::string calibration_cache_path() {
 }
 
 nlohmann::json Calibration::to_json() const {
-  nlohmann::json j{{"cpu", cpu}, {"threads", threads}, {"gemm", gemm}, {"gbytes_per_s", gbytes_per_s}};
+  nlohmann::json j{{"version", kCalibrationVersion}, {"cpu", cpu}, {"threads", threads}, {"gemm", gemm}};
   for (size_t k = 0; k < kNumFlopKinds; ++k) j["gflops_" + std::string(flop_kind_name(FlopKind(k)))] = gflops[k];
+  j["bandwidth"] = nlohmann::json::array();
+  for (const BandwidthPoint& b : bandwidth)
+    j["bandwidth"].push_back({{"working_set_bytes", b.working_set_bytes}, {"gbytes_per_s", b.gbytes_per_s}});
   return j;
 }
 
@@ -129,17 +153,24 @@ Calibration Calibration::of_this_machine() {
     std::ifstream f(path);
     if (f) {
       const nlohmann::json j = nlohmann::json::parse(f);
-      // A GEMM path switched since (MG_GEMM_KERNEL, MG_BF16_DOT, MG_AMX) runs at other rates.
-      if (j.at("cpu").get<std::string>() == cpu && j.at("threads").get<int>() == num_threads() &&
+      // A GEMM path switched since (MG_GEMM_KERNEL, MG_BF16_DOT, MG_AMX) runs at other rates; an
+      // older cost model's cache lacks what this one measures (kCalibrationVersion).
+      if (j.value("version", 0) == kCalibrationVersion && j.at("cpu").get<std::string>() == cpu &&
+          j.at("threads").get<int>() == num_threads() &&
           j.value("gemm", std::string()) == cpu_gemm_backend()) {
         Calibration c;
         c.cpu = cpu;
         c.threads = num_threads();
         c.gemm = cpu_gemm_backend();
-        c.gbytes_per_s = j.at("gbytes_per_s").get<double>();
         for (size_t k = 0; k < kNumFlopKinds; ++k)
           c.gflops[k] = j.at("gflops_" + std::string(flop_kind_name(FlopKind(k)))).get<double>();
-        bool sane = c.gbytes_per_s > 0;
+        for (const nlohmann::json& b : j.at("bandwidth"))
+          c.bandwidth.push_back({.working_set_bytes = b.at("working_set_bytes").get<double>(),
+                                 .gbytes_per_s = b.at("gbytes_per_s").get<double>()});
+        bool sane = !c.bandwidth.empty();
+        for (size_t i = 0; i < c.bandwidth.size(); ++i)
+          sane = sane && c.bandwidth[i].gbytes_per_s > 0 &&
+                 (i == 0 || c.bandwidth[i].working_set_bytes > c.bandwidth[i - 1].working_set_bytes);
         for (double g : c.gflops) sane = sane && g > 0;
         if (sane) {
           c.path = path;
@@ -163,8 +194,24 @@ Calibration Calibration::of_this_machine() {
   return c;
 }
 
+double Calibration::gbytes_per_s_at(double working_set_bytes) const {
+  MG_INTERNAL_ASSERT(!bandwidth.empty(), "a calibration without bandwidths");
+  if (working_set_bytes <= bandwidth.front().working_set_bytes) return bandwidth.front().gbytes_per_s;
+  for (size_t i = 1; i < bandwidth.size(); ++i)
+    if (working_set_bytes <= bandwidth[i].working_set_bytes) {
+      const BandwidthPoint& a = bandwidth[i - 1];
+      const BandwidthPoint& b = bandwidth[i];
+      const double f = std::log(working_set_bytes / a.working_set_bytes) / std::log(b.working_set_bytes / a.working_set_bytes);
+      return a.gbytes_per_s + f * (b.gbytes_per_s - a.gbytes_per_s);
+    }
+  return bandwidth.back().gbytes_per_s;
+}
+
 double Calibration::estimate_ms(const FlopCounts& work) const {
-  double s = 2.0 * 4.0 * work.elements / (gbytes_per_s * 1e9);
+  double s = 0;
+  for (size_t k = 0; k < kNumReuseBuckets; ++k)
+    if (work.elements_by_reuse[k] > 0)
+      s += 2.0 * 4.0 * work.elements_by_reuse[k] / (gbytes_per_s_at(reuse_bucket_bytes(k)) * 1e9);
   for (size_t k = 0; k < kNumFlopKinds; ++k) s += work.flops[k] / (gflops[k] * 1e9);
   return 1e3 * s;
 }
@@ -172,10 +219,17 @@ double Calibration::estimate_ms(const FlopCounts& work) const {
 std::string Calibration::str() const {
   char line[320];
   std::snprintf(line, sizeof line,
-                "%s, %d threads: f32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, depthwise conv %.1f GFLOP/s, "
-                "pointwise conv f32 %.1f / bf16 %.1f GFLOP/s, copy %.1f GB/s",
-                cpu.c_str(), threads, gflops[0], gflops[1], gflops[2], gflops[3], gflops[4], gbytes_per_s);
-  return line;
+                "%s, %d threads: f32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, forward + backward: depthwise conv "
+                "%.1f GFLOP/s, pointwise conv f32 %.1f / bf16 %.1f GFLOP/s; element-wise GB/s by working set:",
+                cpu.c_str(), threads, gflops[0], gflops[1], gflops[2], gflops[3], gflops[4]);
+  std::string s = line;
+  for (const BandwidthPoint& b : bandwidth) {
+    const double kib = b.working_set_bytes / 1024;
+    std::snprintf(line, sizeof line, " %.0f%s %.1f", kib < 1024 ? kib : kib / 1024, kib < 1024 ? "K" : "M",
+                  b.gbytes_per_s);
+    s += line;
+  }
+  return s;
 }
 
 }  // namespace mg

@@ -340,7 +340,8 @@ std::string Plan::table() const {
     os << line;
   }
   os << "time: " << (pieces ? "(est from: flops)" : "estimated") << " ms/step = the step's FLOPs, and its created "
-     << "tensors' elements as f32 bytes, at this machine's measured rates (" << calibration.str()
+     << "tensors' elements as f32 bytes at the element-wise bandwidth of their reuse distance, at this machine's "
+     << "measured rates (" << calibration.str()
      << (calibration.cached ? "; cached in " : "; measured now, cached in ")
      << (calibration.path.empty() ? std::string("nowhere") : calibration.path) << ")\n";
   const bool verified = std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return r.measured || !r.measured_fits; });
