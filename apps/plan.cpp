@@ -179,8 +179,8 @@ void verify(Plan& p, const PlanOptions& o) {
 
 // Note [Collective time]: a data-parallel row's collectives cost the bytes a rank sends in a ring
 // (an all-reduce of n bytes sends 2 (N - 1) / N n, a reduce-scatter of n or an all-gather into n
-// (N - 1) / N n, a broadcast n), each byte charged as a copy at the calibrated bandwidth, none of
-// it hidden behind backward. A stand-in, not a measured rate: the plan runs in one process and
+// (N - 1) / N n, a broadcast n), each byte charged as a copy at the calibrated main-memory
+// bandwidth (the largest working set), none of it hidden behind backward. A stand-in, not a measured rate: the plan runs in one process and
 // cannot time MPI, and ranks sharing this machine's cores measured far longer (docs/PLAN.md,
 // "Data-parallel ranks"); another interconnect (NCCL over NVLink, a network) has other rates.
 double collective_ms(const ProcessGroup::Traffic& t, int ranks, double gbytes_per_s) {
@@ -288,7 +288,7 @@ Plan make_plan(const PlanOptions& o) {
       row.flops = m.flops;
       row.allocated_bytes = m.allocated_bytes;
       row.traffic = m.traffic;
-      row.comm_ms = collective_ms(m.traffic, c.ranks, p.calibration.gbytes_per_s);
+      row.comm_ms = collective_ms(m.traffic, c.ranks, p.calibration.bandwidth.back().gbytes_per_s);
       row.estimated_ms = p.calibration.estimate_ms(m.flops) + row.comm_ms;
     }
     p.rows.push_back(row);
