@@ -280,6 +280,11 @@ Tensor zeros_like(const Tensor& t) { return zeros(t.shape(), {.dtype = t.dtype()
 Tensor from_vector(const std::vector<double>& values, const Shape& shape, const TensorOptions& opt) {
   MG_CHECK(int64_t(values.size()) == numel_of(shape), "from_vector: ", values.size(), " values do not fill shape ",
            shape_str(shape), " (", numel_of(shape), " elements)");
+  if (opt.device.is_meta()) {  // no values to hold: no host staging either (a meta step allocates on meta only)
+    Tensor t = empty(shape, {.dtype = opt.dtype, .device = opt.device});
+    if (opt.requires_grad) t.set_requires_grad(true);
+    return t;
+  }
   TensorOptions host = opt;
   host.device = opt.device.is_cpu() ? opt.device : kCPU;
   host.requires_grad = false;
@@ -322,12 +327,18 @@ void fill_(const Tensor& t, double value) {
 void copy_(const Tensor& dst, const Tensor& src) {
   MG_CHECK(dst.shape() == src.shape(), "copy_: shapes differ: ", shape_str(dst.shape()), " vs ", shape_str(src.shape()));
   dst.bump_version();
-  if (dst.is_meta() || dst.numel() == 0) return;
+  if (dst.numel() == 0) return;
+  // Between two meta devices the staging below allocates as it does between two devices with
+  // data (a meta step's offload: meta:0 -> meta:1), so only the bytes are skipped; any other copy
+  // into meta is shapes only.
+  const bool meta_to_meta = dst.is_meta() && src.is_meta() && dst.device() != src.device();
+  if (dst.is_meta() && !meta_to_meta) return;
   if (dst.device() == src.device() && dst.device().is_cuda()) return cuda::copy(dst, src);
   if (dst.device() != src.device()) {
-    MG_CHECK(!src.is_meta(), "copy_: cannot copy from meta to ", dst.device().str(), ": meta tensors have no data");
+    MG_CHECK(!src.is_meta() || meta_to_meta, "copy_: cannot copy from meta to ", dst.device().str(),
+             ": meta tensors have no data");
     if (dst.dtype() == src.dtype() && dst.is_contiguous() && src.is_contiguous()) {
-      copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), dst.nbytes());
+      if (!meta_to_meta) copy_bytes(dst.data_ptr(), dst.device(), src.data_ptr(), src.device(), dst.nbytes());
       return;
     }
     // Convert and compact on the source device, move the bytes, scatter on the destination.

@@ -36,17 +36,23 @@ void gather_rows(const Tensor& out, const Tensor& weight, const I* idx, int64_t 
   });
 }
 
+// The counting sort's workspace for n picks of V rows: ends (V) zeros, the end of each row's
+// bucket, and order (n), the positions sorted by row. Allocated on meta too, as on cpu.
+struct SortWorkspace {
+  Tensor ends, order;
+  SortWorkspace(int64_t V, int64_t n, const Device& d) {
+    MemoryCategoryGuard ws(MemoryCategory::workspace);
+    ends = zeros({V}, {.dtype = DType::i64, .device = d});
+    order = empty({n}, {.dtype = DType::i64, .device = d});
+  }
+};
+
 // acc (V, C) contiguous, compute type A = sum of the rows of g (n, C) (contiguous, dtype G) that
 // idx sends to each vocabulary row; rows nobody picked become 0.
 template <class A, class G, class I>
-void scatter_add_rows(const Tensor& acc, const Tensor& g, const I* idx, int64_t n) {
+void scatter_add_rows(const Tensor& acc, const Tensor& g, const I* idx, int64_t n, const SortWorkspace& w) {
   const int64_t V = acc.size(0), C = acc.size(1);
-  Tensor ends, order;
-  {
-    MemoryCategoryGuard ws(MemoryCategory::workspace);
-    ends = zeros({V}, {.dtype = DType::i64, .device = acc.device()});   // (V) end of each row's bucket
-    order = empty({n}, {.dtype = DType::i64, .device = acc.device()});  // (n) positions sorted by row
-  }
+  const Tensor &ends = w.ends, &order = w.order;
   int64_t* pe = ends.data<int64_t>();
   int64_t* po = order.data<int64_t>();
   // Counting sort, stable: bucket v holds its positions in increasing order.
@@ -93,15 +99,19 @@ class EmbeddingBackward : public Node {
       MemoryCategoryGuard ws(MemoryCategory::workspace);
       acc = empty({V_, C}, {.dtype = DType::f32, .device = dweight.device()});
     }
-    if (skip_kernel(dweight)) return {dweight, Tensor()};
-    MG_DISPATCH_INDEX(idx.dtype(), "embedding", [&] {
-      using I = scalar_t;
-      const I* pi = idx.data<I>();
-      MG_DISPATCH_FLOAT(gc.dtype(), "embedding", [&] {
-        if (acc.dtype() == DType::f64) scatter_add_rows<double, scalar_t, I>(acc, gc, pi, n);
-        else scatter_add_rows<float, scalar_t, I>(acc, gc, pi, n);
+    if (dweight.numel() == 0) return {dweight, Tensor()};
+    {
+      const SortWorkspace sort(V_, n, dweight.device());
+      if (skip_kernel(dweight)) return {dweight, Tensor()};
+      MG_DISPATCH_INDEX(idx.dtype(), "embedding", [&] {
+        using I = scalar_t;
+        const I* pi = idx.data<I>();
+        MG_DISPATCH_FLOAT(gc.dtype(), "embedding", [&] {
+          if (acc.dtype() == DType::f64) scatter_add_rows<double, scalar_t, I>(acc, gc, pi, n, sort);
+          else scatter_add_rows<float, scalar_t, I>(acc, gc, pi, n, sort);
+        });
       });
-    });
+    }  // the sort's workspace goes back before the rounding copy, as it did inside scatter_add_rows
     if (!wide) copy_(dweight, acc);
     return {dweight, Tensor()};
   }

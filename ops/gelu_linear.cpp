@@ -44,9 +44,12 @@ Tensor gelu_grad_and_recompute(const Tensor& da, const Tensor& x) {
   return dx;
 }
 
+// The CPU's fused backward; meta takes it too, so that a step on meta allocates what it
+// allocates on cpu (the fused path's order of workspace and gradient differs from the
+// composition's, and so can the peak).
 bool fuses_gelu_backward(const Tensor& x) {
   const bool f32_or_f64 = x.dtype() == DType::f32 || x.dtype() == DType::f64;
-  return x.device().is_cpu() && x.is_contiguous() && f32_or_f64;
+  return (x.device().is_cpu() || x.is_meta()) && x.is_contiguous() && f32_or_f64;
 }
 
 class GeluLinearBackward : public Node {
