@@ -74,8 +74,8 @@ std::string ModelParallelOptions::str() const {
   return s;
 }
 
-std::vector<std::pair<Device, int64_t>> parse_memory_limits(const std::string& spec, const std::vector<Device>& devices) {
-  std::vector<std::pair<Device, int64_t>> limits;
+MemoryLimits parse_memory_limits(const std::string& spec, const std::vector<Device>& devices) {
+  MemoryLimits limits;
   if (spec.empty()) return limits;
   if (spec.find('=') == std::string::npos) {  // one budget for every device
     const int64_t bytes = int64_t(parse_bytes(spec));
@@ -96,6 +96,22 @@ std::vector<std::pair<Device, int64_t>> parse_memory_limits(const std::string& s
     pos = comma + 1;
   }
   return limits;
+}
+
+int64_t limit_of(const MemoryLimits& limits, const Device& device) {
+  for (const auto& [d, bytes] : limits)
+    if (d == device) return bytes;
+  return 0;
+}
+
+std::string memory_limits_spec(const MemoryLimits& limits) {
+  std::string spec;
+  for (const auto& [d, bytes] : limits)
+    if (bytes > 0) {
+      if (!spec.empty()) spec += ',';
+      spec += d.str() + '=' + std::to_string(bytes);
+    }
+  return spec;
 }
 
 void set_memory_limits(const std::string& spec, const std::vector<Device>& devices) {

@@ -41,10 +41,18 @@ struct ModelParallelOptions {
   std::string str() const;
 };
 
+// A budget in bytes per device (a device not listed has none).
+using MemoryLimits = std::vector<std::pair<Device, int64_t>>;
+
 // "cpu:0=200MiB,cpu:1=300MiB" -> a budget per device; "512MiB" -> that budget on every device of
 // `devices`; "" -> none. Errors name --memory-limit: a device the run does not use, a device given
 // twice, a bad size.
-std::vector<std::pair<Device, int64_t>> parse_memory_limits(const std::string& spec, const std::vector<Device>& devices);
+MemoryLimits parse_memory_limits(const std::string& spec, const std::vector<Device>& devices);
+// The budget `limits` gives `device`; 0 when it gives none.
+int64_t limit_of(const MemoryLimits& limits, const Device& device);
+// The spec parse_memory_limits reads back: "cpu:0=209715200,cpu:1=314572800" (bytes; a budget of 0,
+// none, is left out).
+std::string memory_limits_spec(const MemoryLimits& limits);
 // Sets the budgets parse_memory_limits reads from `spec`.
 void set_memory_limits(const std::string& spec, const std::vector<Device>& devices);
 

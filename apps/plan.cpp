@@ -43,16 +43,38 @@ constexpr int kFirstSplitMeta = 8;
 // Data-parallel rows simulate every rank, one meta step each.
 constexpr int kMaxPlannedRanks = 64;
 
+// The budgets a row's step runs under, on its real devices: a split's devices each their own,
+// one device (or each rank of a data-parallel row) --device's.
+MemoryLimits row_budgets(const Combination& c, const Device& device, const MemoryLimits& budgets) {
+  MemoryLimits out;
+  for (const auto& [d, bytes] : budgets) {
+    const bool used = c.parallel.active() ? std::find(c.parallel.devices.begin(), c.parallel.devices.end(), d) !=
+                                                c.parallel.devices.end()
+                                          : d == device;
+    if (used && bytes > 0) out.emplace_back(d, bytes);
+  }
+  return out;
+}
+
 struct OnMeta {
   Device home;                    // where the model is built
   ModelParallelOptions parallel;  // the split over meta devices (inactive: one device)
+  MemoryLimits limits;            // the row's budgets on the meta devices standing in
 };
-OnMeta on_meta(const Combination& c, const Device& device) {
-  OnMeta m{.home = Device(DeviceType::meta, 0), .parallel = c.parallel};
+OnMeta on_meta(const Combination& c, const Device& device, const MemoryLimits& budgets) {
+  OnMeta m{.home = Device(DeviceType::meta, 0), .parallel = c.parallel, .limits = {}};
   for (size_t i = 0; i < c.parallel.devices.size(); ++i) {
     const Device d(DeviceType::meta, kFirstSplitMeta + int(i));
     if (c.parallel.devices[i] == device) m.home = d;
     m.parallel.devices[i] = d;
+  }
+  for (const auto& [d, bytes] : row_budgets(c, device, budgets)) {
+    if (!c.parallel.active()) {
+      m.limits.emplace_back(m.home, bytes);
+      continue;
+    }
+    const size_t i = size_t(std::find(c.parallel.devices.begin(), c.parallel.devices.end(), d) - c.parallel.devices.begin());
+    m.limits.emplace_back(m.parallel.devices[i], bytes);
   }
   return m;
 }
@@ -77,11 +99,12 @@ DataParallelOptions simulated_rank(const Combination& c, int rank, double bucket
 
 // A row's step on meta (a data-parallel row: rank `rank`'s); a split's errors (a split the model
 // does not allow) name the real devices and the combination, not the meta devices standing in.
+// `budgets`: the real devices' (none: the step runs unbounded).
 StepMeasurement measure_on_meta(const PlanWorkload& w, const Combination& c, const Device& device, int steps,
-                                int64_t budget, int rank, double bucket_mb) {
-  const OnMeta meta = on_meta(c, device);
+                                const MemoryLimits& budgets, int rank, double bucket_mb) {
+  const OnMeta meta = on_meta(c, device, budgets);
   try {
-    return measure_step(workload_of(w, c), c.techniques, meta.home, steps, budget, meta.parallel,
+    return measure_step(workload_of(w, c), c.techniques, meta.home, steps, meta.limits, meta.parallel,
                         simulated_rank(c, rank, bucket_mb));
   } catch (const OutOfMemoryError&) {
     throw;
@@ -97,22 +120,25 @@ StepMeasurement measure_on_meta(const PlanWorkload& w, const Combination& c, con
   }
 }
 
-// Whether a candidate runs under the budget (on every device of a split): the allocator caps
-// reserved bytes, and a step whose reserved peak passes the budget may still fit once cached
-// segments are released, so that case is decided by running the step on meta under the budget.
-// That run's memory then replaces `m`'s: under pressure the allocator releases and cuts its
-// blocks otherwise, so it is what a run under this budget allocates.
-bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& device, int steps, int64_t budget,
-                 int rank, double bucket_mb, StepMeasurement& m) {
+// Whether a candidate runs under its budgets (each device of a split under its own): the allocator
+// caps reserved bytes, and a step whose reserved peak passes a budget may still fit once cached
+// segments are released, so that case is decided by running the step on meta under the budgets.
+// That run's memory then replaces `m`'s (unbounded, on the meta devices): under pressure the
+// allocator releases and cuts its blocks otherwise, so it is what a run under these budgets allocates.
+bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& device, int steps,
+                 const MemoryLimits& budgets, int rank, double bucket_mb, StepMeasurement& m) {
+  const MemoryLimits limits = on_meta(c, device, budgets).limits;
   bool all_reserved = true, any_peak = false;
   for (const auto& d : m.devices) {
+    const int64_t budget = limit_of(limits, d.device);
+    if (budget <= 0) continue;
     all_reserved = all_reserved && d.memory.reserved <= budget;
     any_peak = any_peak || d.memory.peak > budget;
   }
-  if (budget <= 0 || all_reserved) return true;
+  if (all_reserved) return true;
   if (any_peak) return false;
   try {
-    m = measure_on_meta(w, c, device, steps, budget, rank, bucket_mb);
+    m = measure_on_meta(w, c, device, steps, budgets, rank, bucket_mb);
     return true;
   } catch (const OutOfMemoryError&) {
     return false;
@@ -157,7 +183,8 @@ void verify(Plan& p, const PlanOptions& o) {
       if (!row.measured_fits || row.combination.ranks > 0) continue;  // ranks: mpirun ... memgrad bench --ddp
       try {
         const StepMeasurement m = measure_step(workload_of(p.workload, row.combination), row.combination.techniques, p.device,
-                                               round == 0 ? int(o.verify_steps) : 2, p.budget, row.combination.parallel);
+                                               round == 0 ? int(o.verify_steps) : 2,
+                                               row_budgets(row.combination, p.device, p.budgets), row.combination.parallel);
         if (round == 0) {
           row.measured = m.memory;
           if (row.combination.parallel.active()) row.measured_devices = m.devices;
@@ -204,7 +231,8 @@ std::string default_candidates(int64_t batch) {
     std::string name;
     for (const auto& p : parts)
       if (!p.empty()) name += (name.empty() ? "" : "+") + p;
-    list += (list.empty() ? "" : ",") + (name.empty() ? std::string("none") : name);
+    if (!list.empty()) list += ',';
+    list += name.empty() ? "none" : name;
   };
   for (const char* ckpt : {"", "ckpt", "ckpt-sqrt", "selective"})
     for (const char* prec : {"", "bf16", "bf16pure"})
@@ -241,9 +269,19 @@ Plan make_plan(const PlanOptions& o) {
            o.calibrate, "'");
   MG_CHECK(o.clock == "wall" || o.clock == "cpu", "plan: --clock must be wall or cpu, got '", o.clock, "'");
   p.cpu_time = o.clock == "cpu";
-  if (!o.memory_limit.empty()) {
-    p.budget = int64_t(parse_bytes(o.memory_limit));
-    MG_CHECK(p.budget > 0, "plan: --memory-limit must be positive, got '", o.memory_limit, "'");
+  {
+    std::vector<Device> budgeted{p.device};  // --device and --devices: the devices a budget may name
+    for (const Device& d : o.devices)
+      if (std::find(budgeted.begin(), budgeted.end(), d) == budgeted.end()) budgeted.push_back(d);
+    try {
+      p.budgets = parse_memory_limits(o.memory_limit, budgeted);
+    } catch (const Error& e) {
+      MG_THROW("plan: ", e.what(), " (the devices of this plan: --device and --devices)");
+    }
+    p.per_device = o.memory_limit.find('=') != std::string::npos;
+    for (const auto& [d, bytes] : p.budgets)
+      MG_CHECK(bytes > 0, "plan: --memory-limit must be positive, got '", o.memory_limit, "'");
+    p.budget = p.budget_of(p.device);
   }
   p.num_parameters = p.workload.num_parameters();
   for (const Device& d : o.devices)
@@ -278,8 +316,8 @@ Plan make_plan(const PlanOptions& o) {
     // A data-parallel row: every rank simulated in turn; the row is its fullest rank, it fits when
     // every rank does, and its time is rank 0's step plus its collectives (Note [Collective time]).
     for (int rank = 0; rank < std::max(1, c.ranks); ++rank) {
-      StepMeasurement m = measure_on_meta(p.workload, c, p.device, steps, 0, rank, o.bucket_mb);
-      const bool fits = fits_budget(p.workload, c, p.device, steps, p.budget, rank, o.bucket_mb, m);
+      StepMeasurement m = measure_on_meta(p.workload, c, p.device, steps, {}, rank, o.bucket_mb);
+      const bool fits = fits_budget(p.workload, c, p.device, steps, p.budgets, rank, o.bucket_mb, m);
       row.fits = rank == 0 ? fits : row.fits && fits;
       if (c.ranks > 0) row.ranks.push_back({.rank = rank, .memory = m.memory});
       if (rank == 0 || m.memory.peak > row.memory.peak) row.memory = m.memory;
@@ -294,12 +332,14 @@ Plan make_plan(const PlanOptions& o) {
     p.rows.push_back(row);
   }
   p.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // A budget below the parameters alone: no technique here gets there.
+  // Budgets below the parameters alone (on some device of every row): no technique here gets there.
   const PlanRow& fewest_params = least(p.rows, MemoryCategory::parameter);
   const int64_t params = fewest_params.memory.category[size_t(MemoryCategory::parameter)];
-  if (p.budget > 0 && p.budget < params) {
+  if (!p.budgets.empty() && std::none_of(p.rows.begin(), p.rows.end(), [&](const PlanRow& r) {
+        return p.row_under_budget(r, MemoryCategory::parameter);
+      })) {
     const PlanRow& smallest = least(p.rows, MemoryCategory::other);
-    MG_THROW("plan: --memory-limit ", format_bytes(p.budget), " is below the parameters alone (",
+    MG_THROW("plan: --memory-limit ", p.budget_str(), " is below the parameters alone (",
              format_bytes(params), " in ", fewest_params.combination.name, " for ", p.num_parameters,
              " parameters); the least any candidate needs is ", format_bytes(smallest.memory.peak), " (",
              smallest.combination.name, ")\n  hint: bf16pure stores the parameters in 2 bytes instead of 4; "
@@ -320,7 +360,7 @@ std::string Plan::table() const {
   std::snprintf(line, sizeof line, "memgrad plan: %s (%lld parameters), batch %lld%s, on %s, budget %s, optimizer %s\n",
                 workload.name.c_str(), (long long)num_parameters, (long long)workload.batch,
                 gpt ? (" x " + std::to_string(workload.gpt->context) + " tokens").c_str() : " images",
-                device.str().c_str(), budget > 0 ? format_bytes(budget).c_str() : "none",
+                device.str().c_str(), budget_str().c_str(),
                 optimizer_kind_name(workload.optimizer).c_str());
   os << line;
   std::snprintf(line, sizeof line,
@@ -389,7 +429,9 @@ std::string Plan::table() const {
                       measured == d.memory.peak ? "=" : "!");
         os << line;
       }
-      os << "  holds " << d.modules << "\n";
+      os << "  holds " << d.modules;
+      if (per_device) os << (budget_of(d.device) > 0 ? "; budget " + format_bytes(budget_of(d.device)) : "; no budget");
+      os << "\n";
     }
     for (const PlanRow::RankMemory& k : r.ranks) {  // a data-parallel row: each rank's own peaks
       auto kcat = [&](MemoryCategory c) { return mib(k.memory.category[size_t(c)]); };
@@ -413,7 +455,7 @@ std::string Plan::table() const {
     const PlanRow& r = rows[size_t(recommended)];
     std::snprintf(line, sizeof line, "recommended (*): %s, peak %s, estimated %.1f ms/step (%s)\n",
                   r.combination.name.c_str(), format_bytes(r.memory.peak).c_str(), r.estimated_ms,
-                  budget > 0 ? "the fastest estimate that fits the budget" : "the fastest estimate; no budget given");
+                  budgets.empty() ? "the fastest estimate; no budget given" : "the fastest estimate that fits the budget");
     os << line;
   } else {
     os << nothing_fits() << "\n";
@@ -435,15 +477,35 @@ std::string Plan::table() const {
   return os.str();
 }
 
+std::string Plan::budget_str() const {
+  if (budgets.empty()) return "none";
+  if (!per_device) return format_bytes(budgets.front().second);
+  std::string s;
+  for (const auto& [d, bytes] : budgets) {
+    if (!s.empty()) s += ", ";
+    s += d.str() + ' ' + format_bytes(bytes);
+  }
+  return s;
+}
+
+bool Plan::row_under_budget(const PlanRow& r, MemoryCategory c) const {
+  auto under = [&](const Device& d, const StepMemory& m) {
+    const int64_t b = budget_of(d);
+    return b <= 0 || (c == MemoryCategory::other ? m.peak : m.category[size_t(c)]) <= b;
+  };
+  if (r.devices.empty()) return under(device, r.memory);  // one device, or the fullest rank
+  return std::all_of(r.devices.begin(), r.devices.end(), [&](const auto& d) { return under(d.device, d.memory); });
+}
+
 std::string Plan::nothing_fits() const {
   const PlanRow& s = least(rows, MemoryCategory::other);
   // Its live bytes may be under the budget while the segments that hold them are not: the step
   // then ran out on meta under the budget itself (fits_budget), from fragmentation.
-  const std::string why = s.memory.peak <= budget
+  const std::string why = row_under_budget(s, MemoryCategory::other)
                               ? " allocated, but its blocks need " + format_bytes(s.memory.reserved) +
                                     " of segments and run out of memory under this budget"
                               : "";
-  return "nothing fits " + format_bytes(budget) + ": the least a candidate needs is " + format_bytes(s.memory.peak) +
+  return "nothing fits " + budget_str() + ": the least a candidate needs is " + format_bytes(s.memory.peak) +
          why + " (" + s.combination.name + ")\n  hint: bf16pure halves parameters and activations, --optimizer adamw8bit "
          "shrinks the optimizer state, ckpt-sqrt or more accumulation shrink activations";
 }

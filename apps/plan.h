@@ -27,7 +27,9 @@ struct PlanOptions {
   std::vector<Device> devices{};    // --devices: what split= candidates cut the model over
   int ranks = 0;                    // --ranks: the default candidates add data parallelism over this many
   double bucket_mb = DataParallelOptions{}.bucket_mb;  // --bucket-mb: the data-parallel rows' gradient buckets
-  std::string memory_limit{};       // the budget, e.g. "512MiB" ("": none, every candidate fits)
+  // The budget: "512MiB" for every device, or per device, "cpu:0=200MiB,cpu:1=300MiB" (a device
+  // not named has none); "": none, every candidate fits.
+  std::string memory_limit{};
   std::string techniques{};         // bench's syntax; "": the default candidates (default_candidates)
   std::string optimizer = "adamw";  // adamw, adamw8bit or sgd
   std::optional<PlanWorkload> workload{};  // instead of model / batch (tiny models for tests)
@@ -78,7 +80,9 @@ struct PlanRow {
 struct Plan {
   PlanWorkload workload;
   Device device = kCPU;
-  int64_t budget = 0;          // 0: none
+  int64_t budget = 0;          // --device's budget (0: none): single-device and data-parallel rows
+  MemoryLimits budgets{};      // every device's with a budget (--device and --devices)
+  bool per_device = false;     // --memory-limit named devices (else one value for all)
   int64_t num_parameters = 0;
   Calibration calibration;
   std::optional<StepPieces> pieces{};  // --calibrate steps
@@ -89,6 +93,13 @@ struct Plan {
   int recommended = -1;        // index into rows; -1 when nothing fits
   double seconds = 0.0;        // wall-clock time the meta measurements took
 
+  // The budget `d` has (0: none).
+  int64_t budget_of(const Device& d) const { return limit_of(budgets, d); }
+  // "none", "400.00 MiB" or "cpu:0 200.00 MiB, cpu:1 300.00 MiB".
+  std::string budget_str() const;
+  // Whether `r`'s bytes of category `c` (other: its peak) are under the budget on every device it
+  // uses (a split: each device's own; else --device's).
+  bool row_under_budget(const PlanRow& r, MemoryCategory c) const;
   std::string table() const;
   // "nothing fits <budget>: the least a candidate needs is ... (combination)" and what lowers it.
   std::string nothing_fits() const;

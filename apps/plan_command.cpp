@@ -26,13 +26,15 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option_function<std::string>(
       "--devices", [o](const std::string& s) { o->devices = parse_flag("--devices", s, parse_devices); },
       "devices the split= candidates cut the model over, e.g. cpu:0,cpu:1 (each device's peaks under its row; "
-      "--memory-limit is then every device's budget)");
+      "one --memory-limit value is then every device's budget)");
   cmd->add_option("--ranks", o->ranks,
                   "add data-parallel candidates over this many ranks (ddp=N, zero1=N, zero2=N, ckpt+zero2=N, "
                   "bf16+zero2=N: each rank on a device of its own, --memory-limit each rank's budget)");
   cmd->add_option("--bucket-mb", o->bucket_mb, "the data-parallel rows' gradient bucket size in MiB, as training's --bucket-mb")
       ->capture_default_str();
-  cmd->add_option("--memory-limit", o->memory_limit, "the device's budget, e.g. 512MiB or 24GiB (default: none)");
+  cmd->add_option("--memory-limit", o->memory_limit,
+                  "the budget, e.g. 512MiB or 24GiB for every device, or per device cpu:0=200MiB,cpu:1=300MiB (a "
+                  "device not named has none; default: none)");
   cmd->add_option("--techniques", o->techniques,
                   "the candidates in memgrad bench's syntax, e.g. none,ckpt,bf16+accum8,split=balanced,zero2=4 (default: every checkpoint "
                   "policy x precision x {no accumulation, accum4}, and offload)");

@@ -135,7 +135,7 @@ int64_t PlanWorkload::num_parameters() const {
 int64_t PlanWorkload::items_per_step() const { return is_gpt() ? batch * gpt->context : batch; }
 
 StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device, int steps,
-                             int64_t memory_limit, const ModelParallelOptions& parallel,
+                             const MemoryLimits& memory_limits, const ModelParallelOptions& parallel,
                              const DataParallelOptions& data_parallel) {
   MG_CHECK(w.gpt.has_value() != w.mobilenet.has_value(), "measure_step: a workload is one GPT or one MobileNetV2");
   MG_CHECK(w.batch > 0 && (steps >= 2 || steps == kUntilSteady), "measure_step: needs a batch (got ", w.batch,
@@ -175,7 +175,7 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     // Every device's budget is put back at the end; a split's budgets are set as a training
     // command sets them (place_model: a device before modules move onto it).
     std::deque<LimitGuard> limits;
-    limits.emplace_back(device, parallel.active() ? 0 : memory_limit);
+    limits.emplace_back(device, parallel.active() ? 0 : limit_of(memory_limits, device));
     for (const Device& d : devices)
       if (d != device) limits.emplace_back(d, 0);
     std::shared_ptr<Module> model = build(w, device);
@@ -186,7 +186,7 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     o.optimizer = w.optimizer;
     o.momentum = w.momentum;
     const std::optional<ModelParallelRun> placed =
-        place_model(parallel, *model, probe_of(w, tech, o), memory_limit > 0 ? std::to_string(memory_limit) : "",
+        place_model(parallel, *model, probe_of(w, tech, o), memory_limits_spec(memory_limits),
                     w.batch, tech.micro_batch);
     const Device input_device = placed ? placed->input_device() : device;
     const Device label_device = placed ? placed->output_device() : device;
@@ -205,7 +205,10 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
     const int max_steps = steps == kUntilSteady ? kMaxSteadySteps : steps;
     for (int s = 0; s < max_steps; ++s) {
       const ProcessGroup::Traffic traffic0 = group ? group->traffic() : ProcessGroup::Traffic{};
-      FlopCounter flops;
+      // Only meta's step is an estimate's input; on a real device the counter's bookkeeping (a
+      // lock and a map insert per new tensor) would be timed with the step.
+      std::optional<FlopCounter> flops;
+      if (device.is_meta()) flops.emplace();
       AllocatedBytes bytes(devices, tech.offload_activations);
       times.start();
       const double cpu0 = process_cpu_seconds();
@@ -241,7 +244,7 @@ StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, c
       const double seconds = times.stop();
       if (s > 0) out.timed_ms.push_back(1e3 * seconds);
       if (s > 0) out.timed_cpu_ms.push_back(1e3 * (process_cpu_seconds() - cpu0));
-      out.flops = flops.counts();
+      if (flops) out.flops = flops->counts();
       out.allocated_bytes = bytes.bytes;
       if (group) {
         const ProcessGroup::Traffic now = group->traffic();

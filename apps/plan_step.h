@@ -43,8 +43,9 @@ struct PlanWorkload {
 };
 
 // What one measured step did: its memory (steady state over the steps after the first), the
-// FLOPs its ops reported and the bytes it allocated (the last step's, on the device and the
-// offload target), and the median wall-clock time of the steps after the first.
+// FLOPs its ops reported (meta only: a real step is timed without the counter) and the bytes it
+// allocated (the last step's, on the device and the offload target), and the median wall-clock
+// time of the steps after the first.
 struct StepMeasurement {
   StepMemory memory{};  // a split step: the device whose peak is highest
   // Each device's memory in placement order, with what lives there ("wte,wpe,h.0-3"; one device: "all").
@@ -54,7 +55,7 @@ struct StepMeasurement {
     std::string modules{};
   };
   std::vector<DeviceMemory> devices{};
-  FlopCounts flops{};
+  FlopCounts flops{};  // zero unless the step ran on meta
   int64_t allocated_bytes = 0;
   double ms_per_step = 0.0;  // meaningless on meta (no arithmetic)
   std::vector<double> timed_ms{};  // each step's wall-clock ms after the first (warm-up) one
@@ -71,19 +72,19 @@ inline constexpr int kMaxSteadySteps = 8;
 
 // Runs `steps` (>= 2, or kUntilSteady) Trainer steps of `w` under `t` on `device` in a fresh pool (the cache
 // emptied, peaks reset). The offload target of `t` becomes meta:(device.index + 1) when `device`
-// is meta. With `memory_limit` > 0 the device has that budget during the steps (an allocation past
-// it throws OutOfMemoryError, as in a run with --memory-limit); the previous limit is put back.
+// is meta. Each device `memory_limits` names has that budget during the steps (an allocation past
+// it throws OutOfMemoryError, as in a run with --memory-limit); the previous limits are put back.
 // Leaves the default and dropout generators where they were.
 // With `parallel` active the model is built on `device` and then placed over parallel's devices
 // as the training commands place it (place_model: attention-mlp, stages:K, balanced, tensor),
-// every device measured; `memory_limit` is then each device's budget. Not pipelined splits
+// every device measured, each under its budget in `memory_limits`. Not pipelined splits
 // (their stages run on worker threads) and not with activation offload.
 // With `data_parallel` enabled the step is one rank's of its group (a real one under mpirun, or
 // ProcessGroup::simulated on meta): the model wrapped in DDP as the training commands wrap it
 // (--zero, --bucket-mb), the rank's rows w.batch / N of the global batch w.batch.
 StepMeasurement measure_step(const PlanWorkload& w, const TechniqueOptions& t, const Device& device,
                              int steps = kUntilSteady,
-                             int64_t memory_limit = 0, const ModelParallelOptions& parallel = {},
+                             const MemoryLimits& memory_limits = {}, const ModelParallelOptions& parallel = {},
                              const DataParallelOptions& data_parallel = {});
 
 // The update alone of `w` under `precision` on `device`: the median ms of `reps` (after a warm-up)

@@ -10,6 +10,7 @@
 
 #include "apps/cost_model.h"
 #include "apps/plan.h"
+#include "core/allocator.h"
 #include "core/error.h"
 #include "ops/cpu_gemm.h"
 #include "plan_test_util.h"
@@ -140,6 +141,72 @@ TEST_CASE("plan: split rows give every device's peak and it equals the split ste
       }
     CHECK(some.table().find("  cpu:1 ") != std::string::npos);
   }
+}
+
+TEST_CASE("plan: per-device budgets hold each device of a split to its own, as the split step under them does", "[plan][apps]") {
+  use_test_cache();
+  PlanOptions o;
+  o.devices = {Device("cpu:0"), Device("cpu:1")};
+  PlanWorkload w = tiny_gpt();
+  w.gpt = GPTConfig{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 2, .d_model = 128, .dropout = 0.1};
+  w.batch = 8;
+  o.workload = w;
+  o.techniques = "none,split=stages:2,split=attention-mlp,ckpt+split=stages:2,ckpt+bf16pure+split=stages:2";
+  const Plan all = make_plan(o);
+  // cpu:0 gets room for everything; cpu:1 a budget between the least and the most any split
+  // puts there (checkpointing halves that device's activations).
+  int64_t room0 = 0, lo1 = -1, hi1 = 0;
+  for (const PlanRow& r : all.rows) {
+    room0 = std::max(room0, r.devices.empty() ? r.memory.reserved : r.devices[0].memory.reserved);
+    if (r.devices.empty()) continue;
+    const int64_t p1 = r.devices[1].memory.peak;
+    lo1 = lo1 < 0 ? p1 : std::min(lo1, p1), hi1 = std::max(hi1, p1);
+  }
+  INFO(all.table());
+  REQUIRE(lo1 < hi1);
+  const int64_t budget1 = (lo1 + hi1) / 2;
+  REQUIRE(budget1 < all.rows[0].memory.peak);  // one value this small: the single-device row would not fit
+  o.memory_limit = "cpu:0=" + std::to_string(2 * room0) + ",cpu:1=" + std::to_string(budget1);
+  o.verify = true;
+  const Plan some = make_plan(o);
+  CHECK(some.per_device);
+  CHECK(some.budget == 2 * room0);  // --device's: the single-device row's
+  CHECK(some.budget_of(Device("cpu:1")) == budget1);
+  CHECK(some.rows[0].fits);
+  int split_fit = 0, splits = 0;
+  for (const PlanRow& r : some.rows) {
+    INFO(r.combination.name << "\n" << some.table());
+    CHECK(r.fits == r.measured_fits);  // what the step does on cpu:0 and cpu:1 under their budgets
+    if (r.devices.empty()) continue;
+    ++splits;
+    split_fit += r.fits;
+    if (r.fits) CHECK(r.devices[1].memory.peak <= budget1);
+    if (!r.fits) CHECK(r.devices[0].memory.peak < 2 * room0);  // the device over its budget is cpu:1
+  }
+  CHECK(split_fit > 0);
+  CHECK(split_fit < splits);
+  const std::string table = some.table();
+  CHECK(table.find("budget cpu:0 ") != std::string::npos);
+  CHECK(table.find("; budget " + format_bytes(budget1)) != std::string::npos);
+
+  // Bad budgets name the problem.
+  o.verify = false;
+  o.memory_limit = "cpu:2=1MiB";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("--memory-limit: cpu:2 is not a device of this run"));
+  o.memory_limit = "cpu:0=1MiB,cpu:0=2MiB";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("cpu:0 is given twice"));
+  o.memory_limit = "cpu:0=0,cpu:1=1MiB";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("must be positive"));
+  o.memory_limit = "cpu:0=1KiB,cpu:1=1KiB";
+  CHECK_THROWS_WITH(make_plan(o), Catch::Contains("below the parameters alone") &&
+                                      Catch::Contains("cpu:0 1.00 KiB, cpu:1 1.00 KiB"));
+  // cpu:1 alone too small: the single-device row on cpu:0 has no budget and still fits.
+  o.memory_limit = "cpu:1=1KiB";
+  const Plan one = make_plan(o);
+  CHECK(one.budget == 0);
+  CHECK(one.rows[0].fits);
+  for (const PlanRow& r : one.rows)
+    if (!r.devices.empty()) CHECK_FALSE(r.fits);
 }
 
 TEST_CASE("plan: split rows need --devices and refuse pipelines, offload and a wrong stage count", "[plan][apps]") {

@@ -33,8 +33,8 @@ void check_rank_equals_simulation(const PlanWorkload& w) {
       DataParallelOptions real{.enabled = true, .zero = zero, .bucket_mb = 0.0625, .group = g};
       DataParallelOptions sim = real;
       sim.group = ProcessGroup::simulated(g->rank(), N);
-      const StepMeasurement on_cpu = measure_step(w, t, kCPU, 3, 0, {}, real);
-      const StepMeasurement on_meta = measure_step(w, t, Device(DeviceType::meta, 0), 3, 0, {}, sim);
+      const StepMeasurement on_cpu = measure_step(w, t, kCPU, 3, {}, {}, real);
+      const StepMeasurement on_meta = measure_step(w, t, Device(DeviceType::meta, 0), 3, {}, {}, sim);
       INFO(w.name << " on rank " << g->rank() << " of " << N << ", ZeRO-" << zero << ", micro-batch " << micro);
       CHECK(on_meta.memory.peak == on_cpu.memory.peak);
       CHECK(on_meta.memory.reserved == on_cpu.memory.reserved);
