@@ -69,7 +69,10 @@ std::string ModelParallelOptions::str() const {
   if (!active()) return "one device";
   std::string s = split ? split->str() + " over " : std::string("placement over ");
   const std::vector<Device> ds = model_devices();
-  for (size_t i = 0; i < ds.size(); ++i) s += (i ? "," : "") + ds[i].str();
+  for (size_t i = 0; i < ds.size(); ++i) {
+    if (i) s += ',';
+    s += ds[i].str();
+  }
   if (pipeline) s += ", " + pipeline_name(*pipeline) + " pipeline";
   return s;
 }

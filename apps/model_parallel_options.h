@@ -23,6 +23,10 @@ struct ModelParallelOptions {
   std::optional<Placement> placement{};    // --placement 'wte,h.0-5=cpu:0;...' (instead of --split)
   std::optional<PipelineKind> pipeline{};  // --pipeline gpipe | 1f1b (needs --micro-batch)
   bool print_schedule = false;             // print the pipeline's schedule before the first step
+  // --split balanced: the budgets its peaks are balanced against, one per device (empty: those of
+  // --memory-limit when it gives every device one, else the devices count as equal). memgrad plan
+  // sets them so that a row measured without its budgets is cut as the run under them is.
+  std::vector<int64_t> balance_budgets{};
 
   // Whether the model is split at all.
   bool active() const { return split.has_value() || placement.has_value(); }

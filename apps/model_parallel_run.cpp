@@ -1,6 +1,8 @@
 // Placing a training command's model on its devices (see model_parallel_run.h).
 #include "apps/model_parallel_run.h"
 
+#include <algorithm>
+
 #include "core/allocator.h"
 #include "core/error.h"
 #include "models/gpt.h"
@@ -22,7 +24,13 @@ std::optional<ModelParallelRun> place_model(const ModelParallelOptions& o, Modul
   if (tensor) {
     // no placement: apply_tensor_parallel slices the blocks below
   } else if (o.split) {
-    placement = split_placement(*o.split, model, o.devices, &probe, &plan);
+    std::vector<int64_t> budgets = o.balance_budgets;
+    if (budgets.empty()) {  // balanced against --memory-limit when it gives every device a budget
+      const MemoryLimits limits = parse_memory_limits(memory_limit, o.devices);
+      for (const Device& d : o.devices) budgets.push_back(limit_of(limits, d));
+      if (std::find(budgets.begin(), budgets.end(), 0) != budgets.end()) budgets.clear();
+    }
+    placement = split_placement(*o.split, model, o.devices, &probe, &plan, budgets);
   } else {
     placement = *o.placement;
   }

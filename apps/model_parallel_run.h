@@ -36,7 +36,8 @@ struct ModelParallelRun {
 // run's precision, checkpointing and optimizer: with_run_techniques). `memory_limit` is
 // --memory-limit: per device or one value for every device; a device's budget is set before
 // modules move onto it (the model's own device's once the others' modules left), and a budget the
-// placed modules already exceed is an out-of-memory error. `batch` and `micro_batch` size the
+// placed modules already exceed is an out-of-memory error; balanced balances each device's peak
+// against its budget when every device has one (o.balance_budgets first). `batch` and `micro_batch` size the
 // pipeline's schedule.
 std::optional<ModelParallelRun> place_model(const ModelParallelOptions& o, Module& model, const StepProbe& probe,
                                             const std::string& memory_limit, int64_t batch, int64_t micro_batch);

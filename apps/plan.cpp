@@ -76,6 +76,10 @@ OnMeta on_meta(const Combination& c, const Device& device, const MemoryLimits& b
     const size_t i = size_t(std::find(c.parallel.devices.begin(), c.parallel.devices.end(), d) - c.parallel.devices.begin());
     m.limits.emplace_back(m.parallel.devices[i], bytes);
   }
+  // balanced cuts by the budgets, so the row's step without them (the first measurement) is cut
+  // as the one under them (fits_budget) and the run.
+  if (m.limits.size() == m.parallel.devices.size() && m.parallel.balance_budgets.empty())
+    for (const Device& d : m.parallel.devices) m.parallel.balance_budgets.push_back(limit_of(m.limits, d));
   return m;
 }
 // A split row's devices under their real names (meta:8 -> the first of --devices, ...).
@@ -99,13 +103,13 @@ DataParallelOptions simulated_rank(const Combination& c, int rank, double bucket
 
 // A row's step on meta (a data-parallel row: rank `rank`'s); a split's errors (a split the model
 // does not allow) name the real devices and the combination, not the meta devices standing in.
-// `budgets`: the real devices' (none: the step runs unbounded).
+// `budgets`: the real devices'; the step runs under them when `bounded` (balanced cuts by them either way).
 StepMeasurement measure_on_meta(const PlanWorkload& w, const Combination& c, const Device& device, int steps,
-                                const MemoryLimits& budgets, int rank, double bucket_mb) {
+                                const MemoryLimits& budgets, bool bounded, int rank, double bucket_mb) {
   const OnMeta meta = on_meta(c, device, budgets);
   try {
-    return measure_step(workload_of(w, c), c.techniques, meta.home, steps, meta.limits, meta.parallel,
-                        simulated_rank(c, rank, bucket_mb));
+    return measure_step(workload_of(w, c), c.techniques, meta.home, steps, bounded ? meta.limits : MemoryLimits{},
+                        meta.parallel, simulated_rank(c, rank, bucket_mb));
   } catch (const OutOfMemoryError&) {
     throw;
   } catch (const Error& e) {
@@ -138,7 +142,7 @@ bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& devi
   if (all_reserved) return true;
   if (any_peak) return false;
   try {
-    m = measure_on_meta(w, c, device, steps, budgets, rank, bucket_mb);
+    m = measure_on_meta(w, c, device, steps, budgets, true, rank, bucket_mb);
     return true;
   } catch (const OutOfMemoryError&) {
     return false;
@@ -316,7 +320,7 @@ Plan make_plan(const PlanOptions& o) {
     // A data-parallel row: every rank simulated in turn; the row is its fullest rank, it fits when
     // every rank does, and its time is rank 0's step plus its collectives (Note [Collective time]).
     for (int rank = 0; rank < std::max(1, c.ranks); ++rank) {
-      StepMeasurement m = measure_on_meta(p.workload, c, p.device, steps, {}, rank, o.bucket_mb);
+      StepMeasurement m = measure_on_meta(p.workload, c, p.device, steps, p.budgets, false, rank, o.bucket_mb);
       const bool fits = fits_budget(p.workload, c, p.device, steps, p.budgets, rank, o.bucket_mb, m);
       row.fits = rank == 0 ? fits : row.fits && fits;
       if (c.ranks > 0) row.ranks.push_back({.rank = rank, .memory = m.memory});

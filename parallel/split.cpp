@@ -229,21 +229,33 @@ std::vector<DevicePeak> measure_on_meta(const StepProbe& probe, const Placement&
 std::string BalancedPlan::str() const {
   std::string out = "balanced split over " + std::to_string(counts.size()) + " devices, blocks";
   for (size_t i = 0; i < counts.size(); ++i) out += (i ? " + " : " ") + std::to_string(counts[i]);
-  out += " (" + std::to_string(evaluations) + " candidates measured on meta)\n";
+  out += " (" + std::to_string(evaluations) + " candidates measured on meta" +
+         (budgets.empty() ? "" : "; peaks balanced as fractions of each device's budget") + ")\n";
   char line[256];
-  for (const DevicePeak& p : predicted) {
-    std::snprintf(line, sizeof line, "  %-8s predicted peak %12s  (parameter %s, gradient %s, optimizer state %s, activation %s): ",
+  for (size_t i = 0; i < predicted.size(); ++i) {
+    const DevicePeak& p = predicted[i];
+    std::snprintf(line, sizeof line, "  %-8s predicted peak %12s  (parameter %s, gradient %s, optimizer state %s, activation %s)",
                   p.device.str().c_str(), format_bytes(p.peak).c_str(), format_bytes(p.of(MemoryCategory::parameter)).c_str(),
                   format_bytes(p.of(MemoryCategory::gradient)).c_str(),
                   format_bytes(p.of(MemoryCategory::optimizer_state)).c_str(),
                   format_bytes(p.of(MemoryCategory::activation)).c_str());
-    out += line + p.modules + "\n";
+    out += line;
+    if (i < budgets.size()) {
+      std::snprintf(line, sizeof line, ", %.0f%% of %s", 100.0 * double(p.peak) / double(budgets[i]),
+                    format_bytes(budgets[i]).c_str());
+      out += line;
+    }
+    out += ": " + p.modules + "\n";
   }
   return out;
 }
 
-BalancedPlan plan_balanced(const StepProbe& probe, const std::vector<Device>& devices) {
+BalancedPlan plan_balanced(const StepProbe& probe, const std::vector<Device>& devices,
+                           const std::vector<int64_t>& budgets) {
   check_devices(devices);
+  MG_CHECK(budgets.empty() || budgets.size() == devices.size(), "--split balanced: ", budgets.size(),
+           " budgets for ", devices.size(), " devices");
+  for (int64_t b : budgets) MG_CHECK(b > 0, "--split balanced: a device's budget must be positive, got ", b);
   ModelLayout layout;
   {
     Generator& gen = default_generator();
@@ -259,23 +271,25 @@ BalancedPlan plan_balanced(const StepProbe& probe, const std::vector<Device>& de
     if (it == measured.end()) it = measured.emplace(c, measure_on_meta(probe, stages_placement(layout, devices, c))).first;
     return it->second;
   };
-  auto largest = [](const std::vector<DevicePeak>& p) {
-    int64_t m = 0;
-    for (const auto& d : p) m = std::max(m, d.peak);
+  // The load to lower: the largest peak, in bytes or as a fraction of its device's budget.
+  auto largest = [&](const std::vector<DevicePeak>& p) {
+    double m = 0;
+    for (size_t i = 0; i < p.size(); ++i)
+      m = std::max(m, budgets.empty() ? double(p[i].peak) : double(p[i].peak) / double(budgets[i]));
     return m;
   };
   std::vector<int64_t> best = equal_counts(L, K);
-  int64_t best_peak = largest(peaks_of(best));
+  double best_peak = largest(peaks_of(best));
   while (true) {  // move one block across one cut, the best such move, while it helps
     std::vector<int64_t> next;
-    int64_t next_peak = best_peak;
+    double next_peak = best_peak;
     for (size_t i = 0; i + 1 < best.size(); ++i) {
       for (int64_t dir : {+1, -1}) {
         std::vector<int64_t> c = best;
         c[i] -= dir;
         c[i + 1] += dir;
         if (c[i] < 1 || c[i + 1] < 1) continue;
-        const int64_t p = largest(peaks_of(c));
+        const double p = largest(peaks_of(c));
         if (p < next_peak) {
           next_peak = p;
           next = c;
@@ -286,11 +300,11 @@ BalancedPlan plan_balanced(const StepProbe& probe, const std::vector<Device>& de
     best = next;
     best_peak = next_peak;
   }
-  return {stages_placement(layout, devices, best), best, peaks_of(best), int64_t(measured.size())};
+  return {stages_placement(layout, devices, best), best, peaks_of(best), budgets, int64_t(measured.size())};
 }
 
 Placement split_placement(const SplitSpec& spec, Module& model, const std::vector<Device>& devices,
-                          const StepProbe* probe, BalancedPlan* plan) {
+                          const StepProbe* probe, BalancedPlan* plan, const std::vector<int64_t>& budgets) {
   check_devices(devices);
   // A device that is not there fails here, before balanced spends its meta runs (a mix of cpu:N
   // and cuda:N is fine: each module computes on its device, to() carries the residual stream).
@@ -312,7 +326,7 @@ Placement split_placement(const SplitSpec& spec, Module& model, const std::vecto
     case SplitSpec::Kind::balanced: {
       MG_CHECK(probe != nullptr, "--split balanced: no training step to measure on meta (pass a StepProbe)");
       MG_CHECK(K <= L, "--split balanced over ", K, " devices: the ", layout.model, " has only ", L, " blocks");
-      BalancedPlan p = plan_balanced(*probe, devices);
+      BalancedPlan p = plan_balanced(*probe, devices, budgets);
       MG_CHECK(p.counts.size() == size_t(K), "--split balanced: the probe's model does not match this one");
       Placement out = p.placement;
       if (plan) *plan = std::move(p);

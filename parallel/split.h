@@ -62,19 +62,24 @@ struct BalancedPlan {
   Placement placement;
   std::vector<int64_t> counts;          // blocks per device
   std::vector<DevicePeak> predicted;    // per device, from meta
+  std::vector<int64_t> budgets{};       // what the peaks were balanced against (empty: equal devices)
   int64_t evaluations = 0;              // meta runs the search took
   std::string str() const;              // the cut and the predicted peaks
 };
 // Starts from equal counts and moves one block at a time across a cut while that lowers the
-// largest predicted peak (every candidate measured on meta).
-BalancedPlan plan_balanced(const StepProbe& probe, const std::vector<Device>& devices);
+// largest predicted peak (every candidate measured on meta). With `budgets` (one per device, each
+// > 0) it lowers the largest peak as a fraction of its device's budget instead, so a device with
+// twice the memory takes about twice the load.
+BalancedPlan plan_balanced(const StepProbe& probe, const std::vector<Device>& devices,
+                           const std::vector<int64_t>& budgets = {});
 
-// The placement `spec` gives for `model` over `devices` (balanced needs the probe; *plan, when
-// given, receives its search). Errors: a device listed twice, a split that needs another
+// The placement `spec` gives for `model` over `devices` (balanced needs the probe and balances
+// against `budgets` when given; *plan, when given, receives its search). Errors: a device listed twice, a split that needs another
 // number of devices, more stages than blocks, attention-mlp on a model that is not a GPT, tensor
 // (which is applied by apply_tensor_parallel, not as a placement).
 Placement split_placement(const SplitSpec& spec, Module& model, const std::vector<Device>& devices,
-                          const StepProbe* probe = nullptr, BalancedPlan* plan = nullptr);
+                          const StepProbe* probe = nullptr, BalancedPlan* plan = nullptr,
+                          const std::vector<int64_t>& budgets = {});
 
 // The pipeline stages a placement gives: the runs of consecutive blocks on one device, as block
 // counts in forward order (stages:K on K devices -> K stages). Errors: a block whose modules are

@@ -151,7 +151,7 @@ TEST_CASE("plan: per-device budgets hold each device of a split to its own, as t
   w.gpt = GPTConfig{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 2, .d_model = 128, .dropout = 0.1};
   w.batch = 8;
   o.workload = w;
-  o.techniques = "none,split=stages:2,split=attention-mlp,ckpt+split=stages:2,ckpt+bf16pure+split=stages:2";
+  o.techniques = "none,split=stages:2,split=attention-mlp,ckpt+split=stages:2,ckpt+bf16pure+split=stages:2,split=balanced";
   const Plan all = make_plan(o);
   // cpu:0 gets room for everything; cpu:1 a budget between the least and the most any split
   // puts there (checkpointing halves that device's activations).
@@ -185,6 +185,12 @@ TEST_CASE("plan: per-device budgets hold each device of a split to its own, as t
   }
   CHECK(split_fit > 0);
   CHECK(split_fit < splits);
+  // balanced cuts against the budgets: most blocks on the roomy cpu:0, so it fits where stages:2 does not.
+  const PlanRow& balanced = some.rows.back();
+  INFO(some.table());
+  CHECK(balanced.fits);
+  CHECK_FALSE(some.rows[1].fits);
+  CHECK(balanced.devices[1].memory.peak < all.rows[1].devices[1].memory.peak);
   const std::string table = some.table();
   CHECK(table.find("budget cpu:0 ") != std::string::npos);
   CHECK(table.find("; budget " + format_bytes(budget1)) != std::string::npos);

@@ -120,6 +120,25 @@ TEST_CASE("split: balanced over two devices halves gpt-small's peak (on meta)", 
   CHECK(plan.predicted[0].of(MemoryCategory::parameter) + plan.predicted[1].of(MemoryCategory::parameter) == bytes);
 }
 
+TEST_CASE("split: balanced against per-device budgets gives the larger device more blocks (on meta)", "[parallel]") {
+  const StepProbe probe = gpt_step_probe(GPTConfig::named("gpt-small"), 8, 256);
+  const std::vector<Device> devices{Device("cpu:0"), Device("cpu:1")};
+  const int64_t big = int64_t(600) << 20, small = int64_t(300) << 20;
+  const BalancedPlan equal = plan_balanced(probe, devices);
+  const BalancedPlan weighted = plan_balanced(probe, devices, {big, small});
+  INFO(equal.str() << weighted.str());
+  CHECK(weighted.counts[0] > equal.counts[0]);
+  CHECK(weighted.predicted[0].peak > weighted.predicted[1].peak);
+  // The fuller device, as a fraction of its budget, is less full than under the equal cut.
+  auto load = [&](const BalancedPlan& p) {
+    return std::max(double(p.predicted[0].peak) / double(big), double(p.predicted[1].peak) / double(small));
+  };
+  CHECK(load(weighted) < load(equal));
+  CHECK(weighted.str().find("% of 300.00 MiB") != std::string::npos);
+  CHECK_THROWS_WITH(plan_balanced(probe, devices, {big}), Catch::Contains("1 budgets for 2 devices"));
+  CHECK_THROWS_WITH(plan_balanced(probe, devices, {big, 0}), Catch::Contains("must be positive"));
+}
+
 TEST_CASE("split: a GPT over its budget on one device trains on two with the same budget", "[parallel]") {
   const StepProbe probe = gpt_step_probe(test::tiny_gpt_config(0.0), 4, 16);
   const Device a("cpu:8"), b("cpu:9");
