@@ -56,13 +56,24 @@ MemoryLimits row_budgets(const Combination& c, const Device& device, const Memor
   return out;
 }
 
+// A split row's split as its run trains it: balanced cut against the row's budgets when every
+// device has one (as place_model cuts a run under them), so a step without the budgets (the
+// plan's first measurement, a timed piece) places the same blocks.
+ModelParallelOptions split_of(const Combination& c, const Device& device, const MemoryLimits& budgets) {
+  ModelParallelOptions out = c.parallel;
+  const MemoryLimits mine = row_budgets(c, device, budgets);
+  if (c.parallel.active() && mine.size() == c.parallel.devices.size() && out.balance_budgets.empty())
+    for (const Device& d : c.parallel.devices) out.balance_budgets.push_back(limit_of(mine, d));
+  return out;
+}
+
 struct OnMeta {
   Device home;                    // where the model is built
   ModelParallelOptions parallel;  // the split over meta devices (inactive: one device)
   MemoryLimits limits;            // the row's budgets on the meta devices standing in
 };
 OnMeta on_meta(const Combination& c, const Device& device, const MemoryLimits& budgets) {
-  OnMeta m{.home = Device(DeviceType::meta, 0), .parallel = c.parallel, .limits = {}};
+  OnMeta m{.home = Device(DeviceType::meta, 0), .parallel = split_of(c, device, budgets), .limits = {}};
   for (size_t i = 0; i < c.parallel.devices.size(); ++i) {
     const Device d(DeviceType::meta, kFirstSplitMeta + int(i));
     if (c.parallel.devices[i] == device) m.home = d;
@@ -76,10 +87,6 @@ OnMeta on_meta(const Combination& c, const Device& device, const MemoryLimits& b
     const size_t i = size_t(std::find(c.parallel.devices.begin(), c.parallel.devices.end(), d) - c.parallel.devices.begin());
     m.limits.emplace_back(m.parallel.devices[i], bytes);
   }
-  // balanced cuts by the budgets, so the row's step without them (the first measurement) is cut
-  // as the one under them (fits_budget) and the run.
-  if (m.limits.size() == m.parallel.devices.size() && m.parallel.balance_budgets.empty())
-    for (const Device& d : m.parallel.devices) m.parallel.balance_budgets.push_back(limit_of(m.limits, d));
   return m;
 }
 // A split row's devices under their real names (meta:8 -> the first of --devices, ...).
@@ -150,29 +157,45 @@ bool fits_budget(const PlanWorkload& w, const Combination& c, const Device& devi
 }
 
 // --calibrate steps: the rows that fit (all without a budget) get n x micro-step + update from
-// timed pieces; the ones that do not fit cannot be recommended and keep the FLOP estimate.
+// timed pieces; the ones that do not fit cannot be recommended and keep the FLOP estimate. A split
+// row's micro-steps are timed as that split step; a data-parallel row's estimate is one rank's:
+// the micro-steps of its 1/N of the batch, the update (1/N of it under ZeRO, where each rank steps
+// its shard of the parameters) and the collectives' stand-in (Note [Collective time]), which
+// one process cannot time.
 void estimate_from_steps(Plan& p, const PlanOptions& o) {
-  // The pieces are keyed by the workload's optimizer too: each optimizer among the rows (the
-  // run's, adam8bit's) times its own.
-  std::map<OptimizerKind, std::vector<TechniqueOptions>> shapes;
-  // Split and data-parallel rows keep the FLOP estimate: their pieces would be split steps or
-  // ranks of their own.
-  auto timed = [](const PlanRow& r) { return r.fits && !r.combination.parallel.active() && r.combination.ranks == 0; };
+  auto rank_workload = [&](const PlanRow& r) {
+    PlanWorkload w = workload_of(p.workload, r.combination);
+    if (r.combination.ranks > 0) w.batch /= r.combination.ranks;
+    return w;
+  };
+  // The pieces are keyed by the workload's optimizer and batch (a rank's shard) too: each
+  // optimizer among the rows (the run's, adam8bit's) and each rank count times its own.
+  std::map<std::pair<OptimizerKind, int64_t>, std::vector<PieceShape>> shapes;
   for (const PlanRow& r : p.rows)
-    if (timed(r)) shapes[r.combination.optimizer_for(p.workload.optimizer)].push_back(r.combination.techniques);
+    if (r.fits)
+      shapes[{r.combination.optimizer_for(p.workload.optimizer), rank_workload(r).batch}].push_back(
+          {.techniques = r.combination.techniques, .parallel = split_of(r.combination, p.device, p.budgets)});
   StepPieces pieces = o.pieces ? *o.pieces : StepPieces::cached(p.cpu_time);
   pieces.cpu_time = p.cpu_time;
-  for (const auto& [kind, of_kind] : shapes) {
+  for (const auto& [kind_batch, of_kind] : shapes) {
     PlanWorkload w = p.workload;
-    w.optimizer = kind;
+    w.optimizer = kind_batch.first;
+    w.batch = kind_batch.second;
     measure_step_pieces(w, of_kind, p.device, o.calibrate_rounds, pieces);
   }
   if (!o.pieces && pieces.timed_now > 0) pieces.save();
-  for (PlanRow& r : p.rows)
-    if (timed(r)) {
-      r.estimated_ms = pieces.estimate_ms(workload_of(p.workload, r.combination), r.combination.techniques).value();
-      r.from_steps = true;
+  for (PlanRow& r : p.rows) {
+    if (!r.fits) continue;
+    const PlanWorkload w = rank_workload(r);
+    const TechniqueOptions& t = r.combination.techniques;
+    r.estimated_ms = pieces.estimate_ms(w, t, split_of(r.combination, p.device, p.budgets)).value();
+    if (r.combination.zero > 0) {  // ZeRO: each rank updates its 1/N of the parameters
+      const double update = pieces.update_ms.at(StepPieces::update_key(w, t.precision));
+      r.estimated_ms -= update * (1.0 - 1.0 / double(r.combination.ranks));
     }
+    r.estimated_ms += r.comm_ms;
+    r.from_steps = true;
+  }
   p.pieces = pieces;
   p.calibrate_rounds = o.calibrate_rounds;
 }
@@ -359,7 +382,7 @@ Plan make_plan(const PlanOptions& o) {
 
 std::string Plan::table() const {
   std::ostringstream os;
-  char line[512];
+  char line[2048];
   const bool gpt = workload.is_gpt();
   std::snprintf(line, sizeof line, "memgrad plan: %s (%lld parameters), batch %lld%s, on %s, budget %s, optimizer %s\n",
                 workload.name.c_str(), (long long)num_parameters, (long long)workload.batch,
@@ -375,8 +398,9 @@ std::string Plan::table() const {
   if (pieces) {
     std::snprintf(line, sizeof line,
                   "time: est ms of the rows that fit (est from: steps) = micro-batches x the measured ms of one "
-                  "micro-step of the real model in that shape (precision, checkpointing, offload, micro-batch) + "
-                  "the measured update (%s; %zu micro-step and %zu update pieces: %d timed now in %.1f s, median of "
+                  "micro-step of the real model in that shape (precision, checkpointing, offload, micro-batch; a split "
+                  "row's timed as that split step) + the measured update (a data-parallel row: one rank's 1/N of the "
+                  "batch, 1/N of the update under ZeRO, + its collectives as below) (%s; %zu micro-step and %zu update pieces: %d timed now in %.1f s, median of "
                   "%d interleaved rounds; the rest cached in %s); rows that do not fit: (est from: flops) as below\n",
                   cpu_time ? "the process's CPU time" : "wall-clock", pieces->micro_ms.size(),
                   pieces->update_ms.size(), pieces->timed_now, pieces->seconds,

@@ -22,9 +22,10 @@ int64_t micro_batch_of(const PlanWorkload& w, const TechniqueOptions& t) {
 }
 
 std::string workload_key(const PlanWorkload& w) {
-  return w.name + " " + std::to_string(w.num_parameters()) + " params " +
-         (w.is_gpt() ? "x" + std::to_string(w.gpt->context) + " tokens " : std::string("images ")) +
-         optimizer_kind_name(w.optimizer) + " clip " + std::to_string(w.grad_clip);
+  std::string key = w.name + " " + std::to_string(w.num_parameters()) + " params ";
+  if (w.is_gpt()) key += 'x' + std::to_string(w.gpt->context) + " tokens ";
+  else key += "images ";
+  return key + optimizer_kind_name(w.optimizer) + " clip " + std::to_string(w.grad_clip);
 }
 
 std::string cache_path(bool cpu_time) {
@@ -39,19 +40,30 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-std::string StepPieces::micro_key(const PlanWorkload& w, const TechniqueOptions& t) {
+std::string StepPieces::micro_key(const PlanWorkload& w, const TechniqueOptions& t, const ModelParallelOptions& parallel) {
   TechniqueOptions shape = t;
   shape.micro_batch = 0;
-  return workload_key(w) + " | micro-batch " + std::to_string(micro_batch_of(w, t)) + " " +
-         shape.to_json().dump();
+  std::string key = workload_key(w) + " | micro-batch " + std::to_string(micro_batch_of(w, t)) + " " +
+                    shape.to_json().dump();
+  if (!parallel.active()) return key;
+  key += " | " + parallel.str();
+  if (!parallel.balance_budgets.empty()) {
+    key += " against";
+    for (int64_t b : parallel.balance_budgets) {
+      key += ' ';
+      key += std::to_string(b);
+    }
+  }
+  return key;
 }
 
 std::string StepPieces::update_key(const PlanWorkload& w, Precision p) {
   return workload_key(w) + " | update " + precision_name(p);
 }
 
-std::optional<double> StepPieces::estimate_ms(const PlanWorkload& w, const TechniqueOptions& t) const {
-  const auto micro = micro_ms.find(micro_key(w, t));
+std::optional<double> StepPieces::estimate_ms(const PlanWorkload& w, const TechniqueOptions& t,
+                                              const ModelParallelOptions& parallel) const {
+  const auto micro = micro_ms.find(micro_key(w, t, parallel));
   const auto update = update_ms.find(update_key(w, t.precision));
   if (micro == micro_ms.end() || update == update_ms.end()) return std::nullopt;
   const double micro_steps = double(w.batch) / double(micro_batch_of(w, t));
@@ -91,39 +103,38 @@ void StepPieces::save() {
   if (!ec) path = target;
 }
 
-void measure_step_pieces(const PlanWorkload& w, const std::vector<TechniqueOptions>& candidates,
+void measure_step_pieces(const PlanWorkload& w, const std::vector<PieceShape>& candidates,
                          const Device& device, int rounds, StepPieces& pieces) {
   MG_CHECK(rounds >= 1, "plan: --calibrate-rounds must be at least 1, got ", rounds);
   const auto t0 = std::chrono::steady_clock::now();
-  for (const TechniqueOptions& t : candidates) {
-    const std::string key = StepPieces::update_key(w, t.precision);
+  for (const PieceShape& c : candidates) {
+    const std::string key = StepPieces::update_key(w, c.techniques.precision);
     if (pieces.update_ms.count(key)) continue;
-    pieces.update_ms[key] = measure_update_ms(w, t.precision, device, pieces.cpu_time);
+    pieces.update_ms[key] = measure_update_ms(w, c.techniques.precision, device, pieces.cpu_time);
     ++pieces.timed_now;
   }
   // The missing micro-step shapes, each once: a one-micro-batch workload without accumulation.
   std::map<std::string, PlanWorkload> workloads;
-  std::map<std::string, TechniqueOptions> missing;
-  for (const TechniqueOptions& t : candidates) {
-    const std::string key = StepPieces::micro_key(w, t);
+  std::map<std::string, PieceShape> missing;
+  for (const PieceShape& c : candidates) {
+    const std::string key = StepPieces::micro_key(w, c.techniques, c.parallel);
     if (pieces.micro_ms.count(key) || missing.count(key)) continue;
     PlanWorkload one_micro_batch = w;
-    one_micro_batch.batch = micro_batch_of(w, t);
-    TechniqueOptions whole = t;
-    whole.micro_batch = 0;
+    one_micro_batch.batch = micro_batch_of(w, c.techniques);
+    PieceShape whole = c;
+    whole.techniques.micro_batch = 0;
     workloads.emplace(key, one_micro_batch);
     missing.emplace(key, whole);
   }
   std::map<std::string, std::vector<double>> times;
   for (int r = 0; r < rounds; ++r)
-    for (const auto& [key, shape] : missing)  // a warm-up step, then the timed one
-    {
-      const StepMeasurement m = measure_step(workloads.at(key), shape, device, 2);
+    for (const auto& [key, shape] : missing) {  // a warm-up step, then the timed one
+      const StepMeasurement m = measure_step(workloads.at(key), shape.techniques, device, 2, {}, shape.parallel);
       times[key].push_back((pieces.cpu_time ? m.timed_cpu_ms : m.timed_ms).at(0));
     }
   for (const auto& [key, shape] : missing) {
     const double step = median(times.at(key));
-    const double update = pieces.update_ms.at(StepPieces::update_key(w, shape.precision));
+    const double update = pieces.update_ms.at(StepPieces::update_key(w, shape.techniques.precision));
     // A step of one micro-batch is that micro-step and an update; noise can make the update
     // look as long as the step, so the micro-step keeps at least half the step.
     pieces.micro_ms[key] = std::max(step - update, 0.5 * step);

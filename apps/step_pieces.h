@@ -6,7 +6,9 @@
 // timing the pieces on the real model does not. So each distinct "shape of work" among the
 // candidates -- (checkpoint policy, precision, offload, micro-batch size) -- is timed once as a
 // real Trainer step of one micro-batch, each precision's update is timed alone, and a candidate
-// of n micro-batches is estimated as n x (its micro-step) + its update. Pieces are cached per
+// of n micro-batches is estimated as n x (its micro-step) + its update. A split candidate's
+// micro-step is timed as the split step it is (the model placed over its devices, the copies
+// between them included); its update is the same arithmetic as one device's. Pieces are cached per
 // workload, CPU and thread count (steps-<threads>threads-<wall|cpu>.json beside the calibration), so a
 // second plan of the same workload, under another budget, times nothing.
 #pragma once
@@ -19,6 +21,13 @@
 
 namespace mg {
 
+// A candidate's shape of work as the pieces see it: its techniques and, for a split row, its
+// split over the real devices (balanced: with the budgets it is cut against).
+struct PieceShape {
+  TechniqueOptions techniques;
+  ModelParallelOptions parallel{};
+};
+
 struct StepPieces {
   std::map<std::string, double> micro_ms;   // micro_key -> ms of one forward + backward
   std::map<std::string, double> update_ms;  // update_key -> ms of one clipped optimizer step
@@ -30,10 +39,11 @@ struct StepPieces {
   bool cpu_time = false;
 
   // The keys: the workload (name, parameters, optimizer, clipping) and the piece's shape.
-  static std::string micro_key(const PlanWorkload& w, const TechniqueOptions& t);
+  static std::string micro_key(const PlanWorkload& w, const TechniqueOptions& t, const ModelParallelOptions& parallel = {});
   static std::string update_key(const PlanWorkload& w, Precision p);
   // n x micro-step + update for a candidate; nullopt when a piece is missing.
-  std::optional<double> estimate_ms(const PlanWorkload& w, const TechniqueOptions& t) const;
+  std::optional<double> estimate_ms(const PlanWorkload& w, const TechniqueOptions& t,
+                                    const ModelParallelOptions& parallel = {}) const;
 
   // The cached pieces of this CPU and thread count (none when missing or unreadable), and
   // writing them back (atomically; a failure to write leaves path empty).
@@ -46,7 +56,7 @@ struct StepPieces {
 // of one micro-batch), so a burst of load from other processes slows all shapes alike; a piece
 // is the median over `rounds` rounds, less its precision's update (timed alone, median of 5).
 // The clock is pieces.cpu_time's.
-void measure_step_pieces(const PlanWorkload& w, const std::vector<TechniqueOptions>& candidates,
+void measure_step_pieces(const PlanWorkload& w, const std::vector<PieceShape>& candidates,
                          const Device& device, int rounds, StepPieces& pieces);
 
 }  // namespace mg

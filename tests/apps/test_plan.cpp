@@ -241,26 +241,36 @@ TEST_CASE("plan --calibrate steps: the estimates and the ranking come from the m
   use_test_cache();
   PlanOptions o;
   o.workload = tiny_gpt();
-  o.techniques = "none,bf16,accum2";
+  o.techniques = "none,bf16,accum2,split=stages:2,ddp=2,zero1=2";
+  o.devices = {Device("cpu:0"), Device("cpu:1")};
   o.calibrate = "steps";
   // Pieces that rank the rows unlike FLOPs do (accumulation cheapest): the plan must follow them,
-  // n micro-steps x micro-step + update, and time nothing itself.
+  // n micro-steps x micro-step + update, and time nothing itself. A split row has a micro-step
+  // piece of its own; a data-parallel row is one rank's: micro-steps of its half of the batch (the
+  // same shape of work as accum2's micro-step), the update (half of it under ZeRO) and the collectives.
   const Combination none = parse_combination("none", 4, kCPU), bf16 = parse_combination("bf16", 4, kCPU),
-                    accum2 = parse_combination("accum2", 4, kCPU);
+                    accum2 = parse_combination("accum2", 4, kCPU),
+                    split = parse_combination("split=stages:2", 4, kCPU, o.devices);
   StepPieces pieces;
   pieces.micro_ms[StepPieces::micro_key(*o.workload, none.techniques)] = 10.0;
   pieces.micro_ms[StepPieces::micro_key(*o.workload, bf16.techniques)] = 50.0;
   pieces.micro_ms[StepPieces::micro_key(*o.workload, accum2.techniques)] = 3.0;
+  pieces.micro_ms[StepPieces::micro_key(*o.workload, split.techniques, split.parallel)] = 12.0;
   pieces.update_ms[StepPieces::update_key(*o.workload, Precision::fp32)] = 1.0;
   pieces.update_ms[StepPieces::update_key(*o.workload, Precision::bf16)] = 2.0;
   o.pieces = pieces;
   const Plan p = make_plan(o);
-  REQUIRE(p.rows.size() == 3);
+  REQUIRE(p.rows.size() == 6);
   CHECK(p.rows[0].estimated_ms == 11.0);
   CHECK(p.rows[1].estimated_ms == 52.0);
   CHECK(p.rows[2].estimated_ms == 2 * 3.0 + 1.0);
+  CHECK(p.rows[3].estimated_ms == 12.0 + 1.0);
+  CHECK(p.rows[4].comm_ms > 0);
+  CHECK(p.rows[4].estimated_ms == Approx(3.0 + 1.0 + p.rows[4].comm_ms));
+  CHECK(p.rows[5].estimated_ms == Approx(3.0 + 0.5 + p.rows[5].comm_ms));
   for (const PlanRow& r : p.rows) CHECK(r.from_steps);
-  CHECK(p.recommended == 2);
+  REQUIRE(p.recommended >= 0);
+  for (const PlanRow& r : p.rows) CHECK(p.rows[size_t(p.recommended)].estimated_ms <= r.estimated_ms);
   REQUIRE(p.pieces.has_value());
   CHECK(p.pieces->timed_now == 0);
   CHECK(p.to_json()[2]["ms_per_step_from"] == "steps");
@@ -270,6 +280,7 @@ TEST_CASE("plan --calibrate steps: the estimates and the ranking come from the m
   REQUIRE(p.rows[2].memory.peak < p.rows[0].memory.peak);
   o.memory_limit = std::to_string((p.rows[2].memory.peak + p.rows[0].memory.peak) / 2);
   o.techniques = "none,accum2";
+  o.devices.clear();
   const Plan q = make_plan(o);
   CHECK_FALSE(q.rows[0].fits);
   CHECK_FALSE(q.rows[0].from_steps);
@@ -281,23 +292,31 @@ TEST_CASE("plan --calibrate steps: the estimates and the ranking come from the m
 
 TEST_CASE("plan --calibrate steps: missing pieces are timed, one per shape of work and precision", "[plan][apps]") {
   const PlanWorkload w = tiny_gpt();
-  const std::vector<TechniqueOptions> candidates{parse_combination("none", 4, kCPU).techniques,
-                                                 parse_combination("accum2", 4, kCPU).techniques,
-                                                 parse_combination("ckpt+accum2", 4, kCPU).techniques};
+  const std::vector<Device> two{Device("cpu:0"), Device("cpu:1")};
+  const Combination split = parse_combination("accum2+split=stages:2", 4, kCPU, two);
+  const std::vector<PieceShape> candidates{{.techniques = parse_combination("none", 4, kCPU).techniques},
+                                           {.techniques = parse_combination("accum2", 4, kCPU).techniques},
+                                           {.techniques = parse_combination("ckpt+accum2", 4, kCPU).techniques},
+                                           {.techniques = split.techniques, .parallel = split.parallel}};
   StepPieces pieces;
   pieces.cpu_time = true;
   measure_step_pieces(w, candidates, kCPU, 1, pieces);
-  CHECK(pieces.timed_now == 4);  // the fp32 update and three micro-step shapes
-  CHECK(pieces.micro_ms.size() == 3);
+  CHECK(pieces.timed_now == 5);  // the fp32 update and four micro-step shapes (the split's its own)
+  CHECK(pieces.micro_ms.size() == 4);
   CHECK(pieces.update_ms.size() == 1);
-  for (const auto& t : candidates) {
-    const double micro = pieces.micro_ms.at(StepPieces::micro_key(w, t));
+  for (const PieceShape& c : candidates) {
+    const TechniqueOptions& t = c.techniques;
+    const double micro = pieces.micro_ms.at(StepPieces::micro_key(w, t, c.parallel));
     const double update = pieces.update_ms.at(StepPieces::update_key(w, Precision::fp32));
     CHECK(micro > 0);
-    CHECK(pieces.estimate_ms(w, t).value() == (t.micro_batch == 2 ? 2.0 : 1.0) * micro + update);
+    CHECK(pieces.estimate_ms(w, t, c.parallel).value() == (t.micro_batch == 2 ? 2.0 : 1.0) * micro + update);
   }
+  CHECK(StepPieces::micro_key(w, split.techniques, split.parallel) != StepPieces::micro_key(w, split.techniques));
+  ModelParallelOptions against = split.parallel;
+  against.balance_budgets = {1 << 30, 1 << 29};
+  CHECK(StepPieces::micro_key(w, split.techniques, against) != StepPieces::micro_key(w, split.techniques, split.parallel));
   measure_step_pieces(w, candidates, kCPU, 1, pieces);  // nothing left to time
-  CHECK(pieces.timed_now == 4);
+  CHECK(pieces.timed_now == 5);
 }
 
 TEST_CASE("plan: a budget below the parameters alone names the minimum and what lowers it", "[plan][apps]") {
