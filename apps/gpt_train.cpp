@@ -98,7 +98,8 @@ void check_options(const GptTrainOptions& o) {
   MG_CHECK(o.init_from.empty() || fs::is_regular_file(o.init_from), kCmd, ": --init-from '", o.init_from,
            "' is not a file (give a Hugging Face GPT-2 model.safetensors)");
   o.techniques.validate(o.batch, Device(o.device));
-  o.parallel.validate(kCmd, o.techniques.micro_batch, o.techniques.auto_fit, o.techniques.offload_activations.has_value());
+  o.parallel.validate(kCmd, o.techniques.micro_batch, o.techniques.auto_fit, o.techniques.offload_activations.has_value(),
+                      !o.plan.empty());
 }
 
 // The entropy (nats per token) of the region's token frequencies: the loss a model that ignores
@@ -211,8 +212,7 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     sched = o.schedule(o.steps);
     if (!o.plan.empty()) {  // --plan: the techniques come from the planner
       const RunPlan plan = plan_run(kCmd, o, run_workload(o, o.model ? "custom" : o.config, cfg, std::nullopt));
-      o.techniques = plan.techniques.with_process_settings(o.techniques);
-      o.optimizer = plan.optimizer;  // adam8bit when the plan chose it (config.json records it)
+      apply_plan(plan, o);  // techniques, optimizer (adam8bit), split: config.json records them
       config = make_config(o, cfg, prepare_data(run, o.data, data_note), sched);
       config["plan"] = plan.to_json();
     } else {

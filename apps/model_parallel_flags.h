@@ -20,7 +20,8 @@ inline std::vector<CLI::Option*> add_model_parallel_flags(CLI::App* cmd, ModelPa
   return {
       cmd->add_option_function<std::string>(
           "--devices", [&p](const std::string& s) { p.devices = parse_flag("--devices", s, parse_devices); },
-          "devices to split the model over with --split, e.g. cpu:0,cpu:1 (two cpu indices behave like two cards)"),
+          "devices to split the model over with --split, e.g. cpu:0,cpu:1 (two cpu indices behave like two cards), "
+          "or that --plan may split it over"),
       cmd->add_option_function<std::string>(
           "--split", [&p](const std::string& s) { p.split = parse_flag("--split", s, SplitSpec::parse); },
           "how to cut the model over --devices: attention-mlp (GPT: attention on the first device, feed-forward on "

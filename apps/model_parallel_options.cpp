@@ -13,10 +13,13 @@ std::vector<Device> ModelParallelOptions::model_devices() const {
   return devices;
 }
 
-void ModelParallelOptions::validate(const std::string& cmd, int64_t micro_batch, bool auto_fit, bool offload) const {
+void ModelParallelOptions::validate(const std::string& cmd, int64_t micro_batch, bool auto_fit, bool offload,
+                                    bool planned) const {
   MG_CHECK(!(split && placement), cmd, ": --split and --placement both say where the modules go; give one");
-  MG_CHECK(devices.empty() || split, cmd, ": --devices needs --split (",
-           "attention-mlp, stages:K, balanced or tensor) to say how the model is cut over them");
+  MG_CHECK(devices.empty() || split || planned, cmd, ": --devices needs --split (",
+           "attention-mlp, stages:K, balanced or tensor) to say how the model is cut over them, or --plan to choose it");
+  if (planned && !devices.empty())
+    MG_CHECK(devices.size() >= 2, cmd, ": --plan with --devices needs at least two devices to split over");
   if (split) MG_CHECK(devices.size() >= 2, cmd, ": --split ", split->str(), " needs --devices with at least two devices");
   if (placement)
     MG_CHECK(placement->devices().size() >= 2, cmd, ": --placement puts every module on ",

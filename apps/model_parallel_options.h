@@ -33,10 +33,11 @@ struct ModelParallelOptions {
   // The devices the model lives on: --devices, or those the placement names.
   std::vector<Device> model_devices() const;
   // Errors name the flag: --split without --devices (or with one device), --split and
-  // --placement together, --devices without either, --pipeline without a split into stages or
-  // without --micro-batch, --print-schedule without --pipeline, and techniques the pipeline
-  // cannot combine with (auto-fit, activation offload).
-  void validate(const std::string& cmd, int64_t micro_batch, bool auto_fit, bool offload) const;
+  // --placement together, --devices without either (unless `planned`: --plan chooses the split
+  // over them), --pipeline without a split into stages or without --micro-batch,
+  // --print-schedule without --pipeline, and techniques the pipeline cannot combine with
+  // (auto-fit, activation offload).
+  void validate(const std::string& cmd, int64_t micro_batch, bool auto_fit, bool offload, bool planned = false) const;
   // {"devices": [...], "split": "balanced" | "placement": "...", "pipeline": "1f1b"}; null when
   // the model is not split.
   nlohmann::json to_json() const;

@@ -232,17 +232,23 @@ void verify(Plan& p, const PlanOptions& o) {
 }
 
 // Note [Collective time]: a data-parallel row's collectives cost the bytes a rank sends in a ring
-// (an all-reduce of n bytes sends 2 (N - 1) / N n, a reduce-scatter of n or an all-gather into n
-// (N - 1) / N n, a broadcast n), each byte charged as a copy at the calibrated main-memory
-// bandwidth (the largest working set), none of it hidden behind backward. A stand-in, not a measured rate: the plan runs in one process and
-// cannot time MPI, and ranks sharing this machine's cores measured far longer (docs/PLAN.md,
-// "Data-parallel ranks"); another interconnect (NCCL over NVLink, a network) has other rates.
+// (ring_bytes_sent: an all-reduce of n bytes sends 2 (N - 1) / N n, a reduce-scatter of n or an
+// all-gather into n (N - 1) / N n, a broadcast n), none of it hidden behind backward, at the rates
+// measured on N real ranks (CollectiveRates: `mpirun -np N memgrad plan`, then cached). Without
+// them, a stand-in: each byte charged as a copy at the calibrated main-memory bandwidth (the
+// largest working set); ranks sharing this machine's cores measured far longer (docs/PLAN.md,
+// "Data-parallel ranks"), and another interconnect (NCCL over NVLink, a network) has other rates.
 double collective_ms(const ProcessGroup::Traffic& t, int ranks, double gbytes_per_s) {
-  if (ranks <= 1) return 0.0;
-  const double share = double(ranks - 1) / double(ranks);
-  const double sent = 2.0 * share * double(t.all_reduce) + share * double(t.reduce_scatter + t.all_gather) +
-                      double(t.broadcast);
+  const ProcessGroup::Traffic s = ring_bytes_sent(t, ranks);
+  const double sent = double(s.all_reduce + s.reduce_scatter + s.all_gather + s.broadcast);
   return 1e3 * 2.0 * sent / (gbytes_per_s * 1e9);
+}
+
+// The measured rates for a row of `ranks` ranks: this job's (mpirun -np N), else the cached ones.
+std::optional<CollectiveRates> collective_rates_for(const PlanOptions& o, int ranks) {
+  if (ranks == 0) return std::nullopt;
+  if (o.collectives && o.collectives->ranks == ranks && o.collectives->bucket_mb == o.bucket_mb) return o.collectives;
+  return CollectiveRates::cached(ranks, o.bucket_mb);
 }
 
 }  // namespace
@@ -353,7 +359,9 @@ Plan make_plan(const PlanOptions& o) {
       row.flops = m.flops;
       row.allocated_bytes = m.allocated_bytes;
       row.traffic = m.traffic;
-      row.comm_ms = collective_ms(m.traffic, c.ranks, p.calibration.bandwidth.back().gbytes_per_s);
+      const std::optional<CollectiveRates> rates = collective_rates_for(o, c.ranks);
+      row.comm_ms = rates ? rates->ms(m.traffic) : collective_ms(m.traffic, c.ranks, p.calibration.bandwidth.back().gbytes_per_s);
+      if (rates) row.comm_rates = rates->str();
       row.estimated_ms = p.calibration.estimate_ms(m.flops) + row.comm_ms;
     }
     p.rows.push_back(row);
@@ -422,7 +430,8 @@ std::string Plan::table() const {
   if (std::any_of(rows.begin(), rows.end(), [](const PlanRow& r) { return !r.ranks.empty(); }))
     os << "data-parallel rows (ddp=N, zeroS=N): the row is its fullest rank, each rank on a device of its own with "
           "its 1/N of the batch; each rank's peaks follow it (a simulated group each); 'fits': every rank under the "
-          "budget; est ms: one rank's step plus its collectives' bytes at the copy bandwidth, none hidden; --verify "
+          "budget; est ms: one rank's step plus its collectives' ring bytes at the rates measured under mpirun -np N "
+          "(else at the copy bandwidth, a stand-in), none hidden; --verify "
           "does not run them: mpirun -np N memgrad bench --ddp --techniques NAME does\n";
   for (size_t i = 0; i < rows.size(); ++i) {
     const PlanRow& r = rows[i];
@@ -474,7 +483,7 @@ std::string Plan::table() const {
         std::snprintf(line, sizeof line, "  collectives per step: all-reduce %.2f, reduce-scatter %.2f, all-gather %.2f, "
                       "broadcast %.2f MiB; %.1f ms of the estimate", mib(t.all_reduce), mib(t.reduce_scatter),
                       mib(t.all_gather), mib(t.broadcast), r.comm_ms);
-        os << line;
+        os << line << (r.comm_rates.empty() ? " (stand-in: the copy bandwidth)" : " (measured: " + r.comm_rates + ")");
       }
       os << "\n";
     }
@@ -561,6 +570,7 @@ nlohmann::json Plan::to_json() const {
                           {"reserved_bytes", d.memory.reserved}};
         for (MemoryCategory c : kAllMemoryCategories)
           dj["peak_" + std::string(category_name(c)) + "_bytes"] = d.memory.category[size_t(c)];
+        if (budget_of(d.device) > 0) dj["budget_bytes"] = budget_of(d.device);
         if (k < r.measured_devices.size()) dj["measured_peak_bytes"] = r.measured_devices[k].memory.peak;
         devices.push_back(dj);
       }
@@ -578,6 +588,7 @@ nlohmann::json Plan::to_json() const {
       j["collective_bytes"] = {{"all_reduce", r.traffic.all_reduce}, {"reduce_scatter", r.traffic.reduce_scatter},
                                {"all_gather", r.traffic.all_gather}, {"broadcast", r.traffic.broadcast}};
       j["collective_ms"] = r.comm_ms;
+      j["collective_rates_measured"] = !r.comm_rates.empty();
     }
     if (r.measured) {
       j["measured_peak_bytes"] = r.measured->peak;

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/bench.h"
+#include "apps/collective_rates.h"
 #include "apps/cost_model.h"
 #include "apps/plan_step.h"
 #include "apps/step_pieces.h"
@@ -49,6 +50,9 @@ struct PlanOptions {
   // CPU time (steadier on a shared machine; Note [CPU time] in apps/plan_step.cpp).
   std::string clock = "wall";
   std::optional<StepPieces> pieces{};  // "steps": start from these instead of the cache (tests)
+  // Collective rates measured by this job (mpirun -np N memgrad plan): rows of N ranks use them;
+  // rows of other rank counts use the cached ones, else the stand-in (Note [Collective time]).
+  std::optional<CollectiveRates> collectives{};
 };
 
 struct PlanRow {
@@ -65,6 +69,7 @@ struct PlanRow {
   std::vector<RankMemory> ranks{};
   ProcessGroup::Traffic traffic{};
   double comm_ms = 0.0;
+  std::string comm_rates{};  // the measured rates comm_ms is at (CollectiveRates::str); "": the stand-in
   FlopCounts flops{};
   int64_t allocated_bytes = 0;
   double estimated_ms = 0.0;

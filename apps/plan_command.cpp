@@ -58,6 +58,14 @@ void add_plan_command(CLI::App& app) {
                   "--calibrate steps: each piece is the median of this many interleaved rounds")
       ->capture_default_str();
   cmd->callback([o, json] {
+    // Under mpirun -np N: every rank times the collectives on one bucket, then rank 0 alone plans.
+    if (launch_info_from_env().world_size > 1) {
+      const std::shared_ptr<ProcessGroup> group = ProcessGroup::world();
+      CollectiveRates rates = CollectiveRates::measure(*group, o->bucket_mb);
+      if (group->rank() != 0) return;
+      rates.save();
+      o->collectives = rates;
+    }
     const Plan p = make_plan(*o);
     if (*json) std::printf("%s\n", p.to_json().dump(2).c_str());
     else std::printf("%s", p.table().c_str());

@@ -12,9 +12,17 @@ namespace mg {
 namespace {
 
 RunPlan plan_of(const Plan& p, const PlanRow& row) {
-  RunPlan r{.combination = row.combination.name, .techniques = row.combination.techniques,
-            .optimizer = row.combination.optimizer_for(p.workload.optimizer), .peak_bytes = row.memory.peak, .ms_per_step = row.estimated_ms, .from_steps = row.from_steps,
-            .budget = p.budget, .candidates = int64_t(p.rows.size()), .fitting = 0};
+  RunPlan r{.combination = row.combination.name,
+            .techniques = row.combination.techniques,
+            .optimizer = row.combination.optimizer_for(p.workload.optimizer),
+            .parallel = row.combination.parallel,
+            .peak_bytes = row.memory.peak,
+            .ms_per_step = row.estimated_ms,
+            .from_steps = row.from_steps,
+            .budget = p.budget,
+            .budgets = p.budget_str(),
+            .candidates = int64_t(p.rows.size()),
+            .fitting = 0};
   for (const PlanRow& x : p.rows) r.fitting += x.fits;
   return r;
 }
@@ -26,7 +34,8 @@ std::string RunPlan::str() const {
   std::snprintf(line, sizeof line,
                 "%s: predicted peak %s of %s, %.1f ms/step %s(the fastest estimate of the %lld of %lld candidates that "
                 "fit)",
-                combination.c_str(), format_bytes(peak_bytes).c_str(), format_bytes(budget).c_str(), ms_per_step,
+                combination.c_str(), format_bytes(peak_bytes).c_str(),
+                budgets.empty() ? format_bytes(budget).c_str() : budgets.c_str(), ms_per_step,
                 from_steps ? "from timed micro-steps " : "",
                 (long long)fitting, (long long)candidates);
   return line;
@@ -35,7 +44,8 @@ std::string RunPlan::str() const {
 nlohmann::json RunPlan::to_json() const {
   return {{"combination", combination}, {"predicted_peak_bytes", peak_bytes}, {"predicted_ms_per_step", ms_per_step},
           {"predicted_ms_from", from_steps ? "steps" : "flops"},
-          {"budget_bytes", budget},     {"candidates", candidates},         {"fitting", fitting},
+          {"budget_bytes", budget},     {"budgets", budgets},               {"candidates", candidates},
+          {"fitting", fitting},
           {"summary", str()}};
 }
 
@@ -60,18 +70,19 @@ RunPlan plan_run(const std::string& cmd, const TrainOptions& o, const PlanWorklo
            "combine with --checkpoint, --precision, --micro-batch or --offload-activations (got ", t.str(), ")",
            "\n  hint: drop those flags, or list the combinations you accept: --plan ckpt,bf16+accum4 (memgrad bench's "
            "syntax)");
-  MG_CHECK(!o.parallel.active() && !o.data_parallel.enabled, cmd, ": --plan does not plan split (--split, "
-           "--placement) or data-parallel (--ddp) runs; choose their techniques by hand");
+  MG_CHECK(!o.parallel.active(), cmd, ": --plan chooses the split itself; give --devices without --split or "
+           "--placement (or drop --plan and choose the techniques by hand)");
+  MG_CHECK(!o.data_parallel.enabled, cmd, ": --plan does not plan data-parallel (--ddp) runs; choose their "
+           "techniques by hand");
   const Device device(o.device);
-  int64_t budget = 0;
-  for (const auto& [d, bytes] : parse_memory_limits(o.memory_limit, {device}))
-    if (d == device) budget = bytes;
-  MG_CHECK(budget > 0, cmd, ": --plan ", o.plan, " needs --memory-limit: the budget the plan must fit",
+  MG_CHECK(!parse_memory_limits(o.memory_limit, o.budgeted_devices()).empty(), cmd, ": --plan ", o.plan,
+           " needs --memory-limit: the budget the plan must fit",
            "\n  hint: `memgrad plan --model M --batch B` prints every candidate's memory without a budget");
   PlanOptions po;
   po.workload = w;
   po.device = device.str();
-  po.memory_limit = std::to_string(budget);
+  po.devices = o.parallel.devices;
+  po.memory_limit = o.memory_limit;
   po.techniques = o.plan == "auto" ? std::string() : o.plan;
   po.optimizer = optimizer_kind_name(o.optimizer);
   MG_CHECK(o.plan_calibrate == "flops" || o.plan_calibrate == "steps", cmd, ": --plan-calibrate must be flops or "
@@ -88,6 +99,21 @@ RunPlan plan_run(const std::string& cmd, const TrainOptions& o, const PlanWorklo
   if (o.plan_calibrate == "steps") empty_cache(device);  // the timed micro-steps' blocks: not the run's
   MG_CHECK(p.recommended >= 0, cmd, ": --plan ", o.plan, ": ", p.nothing_fits());
   return plan_of(p, p.rows[size_t(p.recommended)]);
+}
+
+void apply_plan(const RunPlan& plan, TrainOptions& o) {
+  o.techniques = plan.techniques.with_process_settings(o.techniques);
+  o.optimizer = plan.optimizer;  // adam8bit when the plan chose it (config.json records it)
+  if (plan.parallel.active()) {
+    o.parallel.split = plan.parallel.split;
+    o.parallel.placement = plan.parallel.placement;
+    return;
+  }
+  if (o.memory_limit.find('=') != std::string::npos) {
+    const int64_t budget = limit_of(parse_memory_limits(o.memory_limit, o.budgeted_devices()), Device(o.device));
+    o.memory_limit = budget > 0 ? std::to_string(budget) : std::string();
+  }
+  o.parallel.devices.clear();  // one device: --devices was only what the plan could split over
 }
 
 std::optional<Calibration> planning_rates(const TrainOptions& o, const Device& device) {

@@ -22,10 +22,12 @@ struct RunPlan {
   std::string combination;
   TechniqueOptions techniques{};
   OptimizerKind optimizer = OptimizerKind::adamw;  // the run's, or adam8bit's when the plan names it
-  int64_t peak_bytes = 0;        // predicted peak allocated bytes of a step (exact on cpu)
+  ModelParallelOptions parallel{};  // a split plan's split over the run's --devices (inactive: one device)
+  int64_t peak_bytes = 0;        // predicted peak allocated bytes of a step (exact on cpu; a split: its fullest device)
   double ms_per_step = 0.0;      // the time model's estimate
   bool from_steps = false;       // that estimate from timed micro-steps (--plan-calibrate steps)
-  int64_t budget = 0;            // the budget it was chosen for
+  int64_t budget = 0;            // the budget it was chosen for (--device's)
+  std::string budgets{};         // every device's, as memgrad plan prints them ("450.00 MiB", "cpu:0 ..., cpu:1 ...")
   int64_t candidates = 0, fitting = 0;
 
   // "ckpt+accum4: predicted peak 65.04 MiB of 80.00 MiB, 514.6 ms/step (the fastest of the 20 of
@@ -39,11 +41,15 @@ struct RunPlan {
 PlanWorkload run_workload(const TrainOptions& o, const std::string& name, const std::optional<GPTConfig>& gpt,
                           const std::optional<MobileNetV2Config>& mobilenet);
 
-// o.plan for workload `w`: "auto" plans memgrad plan's default candidates, a list in bench's syntax
-// plans those. Throws, naming `cmd`: without --memory-limit, with a technique flag that --plan
-// chooses itself, with a split or data-parallel run, and when no candidate fits (naming the least
-// any needs and what lowers it).
+// o.plan for workload `w`: "auto" plans memgrad plan's default candidates (with --devices, its
+// split candidates over them too, each device under its --memory-limit budget), a list in bench's
+// syntax plans those. Throws, naming `cmd`: without --memory-limit, with a technique flag that
+// --plan chooses itself, with a split given by hand (--split, --placement) or a data-parallel
+// run, and when no candidate fits (naming the least any needs and what lowers it).
 RunPlan plan_run(const std::string& cmd, const TrainOptions& o, const PlanWorkload& w);
+// Makes `plan` the run's: its techniques (with o's process settings), optimizer and split; a plan
+// on one device keeps only --device's budget of a per-device --memory-limit.
+void apply_plan(const RunPlan& plan, TrainOptions& o);
 
 // This machine's time-model rates for a run that plans (--plan or --auto-fit on a cpu device), read
 // or measured before the run's budget applies (the measurement allocates); none otherwise.

@@ -35,8 +35,9 @@ inline std::vector<CLI::Option*> add_train_flags(CLI::App* cmd, TrainOptions& t,
       cmd->add_option("--out", t.out, "run directory (default: " + default_out + ")"),
       cmd->add_option("--plan", t.plan,
                       "auto: train with the fastest combination of techniques that `memgrad plan` predicts to fit "
-                      "--memory-limit (or a list of candidates in memgrad bench's syntax, e.g. ckpt,bf16+accum4); "
-                      "prints it and records it in config.json"),
+                      "--memory-limit (or a list of candidates in memgrad bench's syntax, e.g. ckpt,bf16+accum4); with "
+                      "--devices, splits over them too where that is fastest (each device under its budget: "
+                      "--memory-limit cpu:0=500MiB,cpu:1=300MiB); prints it and records it in config.json"),
       cmd->add_option("--plan-calibrate", t.plan_calibrate,
                       "how --plan estimates time: flops (FLOPs and bytes at this machine's rates) or steps (timed "
                       "micro-steps of this model, cached; ranks the candidates better)")->capture_default_str(),

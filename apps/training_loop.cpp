@@ -49,7 +49,15 @@ void TrainOptions::validate(const std::string& cmd) const {
   MG_CHECK(momentum >= 0 && momentum < 1, cmd, ": --momentum must be in [0, 1), got ", momentum);
   MG_CHECK(grad_clip >= 0 && std::isfinite(grad_clip), cmd, ": --grad-clip must be >= 0, got ", grad_clip);
   MG_CHECK(checkpoint_every >= 0, cmd, ": --checkpoint-every must be >= 0, got ", checkpoint_every);
-  parse_memory_limits(memory_limit, parallel.active() ? parallel.model_devices() : std::vector<Device>{Device(device)});
+  parse_memory_limits(memory_limit, budgeted_devices());
+}
+
+std::vector<Device> TrainOptions::budgeted_devices() const {
+  if (parallel.active()) return parallel.model_devices();
+  std::vector<Device> out{Device(device)};
+  for (const Device& d : parallel.devices)  // --devices for --plan to split over
+    if (std::find(out.begin(), out.end(), d) == out.end()) out.push_back(d);
+  return out;
 }
 
 LrSchedule TrainOptions::schedule(int64_t total_steps) const {

@@ -69,6 +69,9 @@ struct TrainOptions {
 
   // Checks the values a new run takes from these options (resumed runs take them from config.json).
   void validate(const std::string& cmd) const;
+  // The devices --memory-limit may name: the split model's, else --device and the --devices a
+  // --plan may split over.
+  std::vector<Device> budgeted_devices() const;
   // The schedule of a new run of total_steps steps.
   LrSchedule schedule(int64_t total_steps) const;
   // config.json's "optimizer", "schedule", "seed", "batch", "checkpoint_every", "device", "techniques".

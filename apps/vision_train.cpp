@@ -265,7 +265,8 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
     cfg = o.config ? *o.config : MobileNetV2Config::named(o.model);  // validates the name early
   }
   o.techniques.validate(o.batch, device);
-  o.parallel.validate(kCmd, o.techniques.micro_batch, o.techniques.auto_fit, o.techniques.offload_activations.has_value());
+  o.parallel.validate(kCmd, o.techniques.micro_batch, o.techniques.auto_fit, o.techniques.offload_activations.has_value(),
+                      !o.plan.empty());
   MG_CHECK(!(o.parallel.split && o.parallel.split->kind == SplitSpec::Kind::tensor), kCmd,
            ": --split tensor slices a GPT's attention heads and MLP; split MobileNetV2 with --split stages:K or balanced");
   MG_CHECK(!o.parallel.pipeline, kCmd, ": --pipeline runs GPT stages only (gpt train); split MobileNetV2 with --split "
@@ -306,8 +307,7 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
               {"epochs", o.epochs}, {"steps_per_epoch", per_epoch}};
     if (!o.plan.empty()) {  // --plan: the techniques come from the planner
       const RunPlan plan = plan_run(kCmd, o, run_workload(o, o.config ? "custom" : o.model, std::nullopt, cfg));
-      o.techniques = plan.techniques.with_process_settings(o.techniques);
-      o.optimizer = plan.optimizer;  // adam8bit when the plan chose it (config.json records it)
+      apply_plan(plan, o);  // techniques, optimizer (adam8bit), split: config.json records them
       config["plan"] = plan.to_json();
     }
     config.update(o.to_config(sched));

@@ -194,6 +194,9 @@ TEST_CASE("plan: per-device budgets hold each device of a split to its own, as t
   const std::string table = some.table();
   CHECK(table.find("budget cpu:0 ") != std::string::npos);
   CHECK(table.find("; budget " + format_bytes(budget1)) != std::string::npos);
+  const nlohmann::json j = some.to_json();
+  CHECK(j[1]["devices"][1]["budget_bytes"] == budget1);
+  CHECK(j[1]["devices"][0]["budget_bytes"] == 2 * room0);
 
   // Bad budgets name the problem.
   o.verify = false;

@@ -3,6 +3,10 @@
 // rank's collectives in the estimate, "fits" when every rank fits, and the combinations the
 // training commands refuse refused here.
 #include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "apps/plan.h"
 #include "core/error.h"
@@ -118,4 +122,61 @@ TEST_CASE("plan ranks: --ranks adds data-parallel defaults and what training ref
   o.workload->batch = 128;
   o.techniques = "ddp=128";
   CHECK_THROWS_WITH(make_plan(o), Catch::Contains("at most 64 ranks"));
+}
+
+TEST_CASE("plan ranks: collectives at the rates measured on real ranks when there are some, else the stand-in", "[plan][apps]") {
+  use_test_cache();
+  const Calibration calibration = Calibration::of_this_machine();
+  // A cache of its own: no rates measured by another test's job.
+  const auto dir = std::filesystem::temp_directory_path() / ("memgrad-test-rates-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  ::setenv("MG_CACHE_DIR", dir.c_str(), 1);
+  // The ring: an all-reduce sends 2 (N - 1) / N of its bytes, a reduce-scatter or all-gather
+  // (N - 1) / N, a broadcast all of them.
+  const ProcessGroup::Traffic sent = ring_bytes_sent({.all_reduce = 400, .reduce_scatter = 400, .all_gather = 800, .broadcast = 10}, 4);
+  CHECK(sent.all_reduce == 600);
+  CHECK(sent.reduce_scatter == 300);
+  CHECK(sent.all_gather == 600);
+  CHECK(sent.broadcast == 10);
+  CHECK(ring_bytes_sent({.all_reduce = 400}, 1).all_reduce == 0);
+
+  PlanOptions o;
+  o.workload = tiny_gpt();
+  o.techniques = "ddp=2,zero1=2,zero1=4";
+  o.calibration = calibration;
+  const Plan stand_in = make_plan(o);
+  for (const PlanRow& r : stand_in.rows) CHECK(r.comm_rates.empty());
+  CHECK(stand_in.table().find("(stand-in: the copy bandwidth)") != std::string::npos);
+
+  CollectiveRates rates{.ranks = 2, .bucket_mb = o.bucket_mb, .all_reduce_gbps = 0.5, .reduce_scatter_gbps = 0.25,
+                        .all_gather_gbps = 0.125, .broadcast_gbps = 1.0};
+  o.collectives = rates;
+  const Plan measured = make_plan(o);
+  for (size_t i = 0; i < 2; ++i) {
+    const PlanRow& r = measured.rows[i];
+    INFO(r.combination.name);
+    const ProcessGroup::Traffic s = ring_bytes_sent(r.traffic, 2);
+    CHECK(r.comm_ms == Approx(1e3 * (s.all_reduce / 0.5e9 + s.reduce_scatter / 0.25e9 + s.all_gather / 0.125e9 +
+                                     s.broadcast / 1e9)));
+    CHECK(r.comm_rates == rates.str());
+    CHECK(r.estimated_ms == Approx(measured.calibration.estimate_ms(r.flops) + r.comm_ms));
+  }
+  CHECK(measured.rows[2].comm_rates.empty());  // 4 ranks: not what was measured
+  CHECK(measured.table().find("(measured: all-reduce 0.50, reduce-scatter 0.25, all-gather 0.12") != std::string::npos);
+  CHECK(measured.to_json()[0]["collective_rates_measured"] == true);
+
+  // Saved, the rates serve a later plan in one process; another bucket size does not read them.
+  rates.save();
+  REQUIRE_FALSE(rates.path.empty());
+  o.collectives.reset();
+  const Plan later = make_plan(o);
+  CHECK(later.rows[0].comm_rates == rates.str());
+  CHECK(later.rows[0].comm_ms == Approx(measured.rows[0].comm_ms));
+  CHECK_FALSE(CollectiveRates::cached(2, o.bucket_mb * 2).has_value());
+  {
+    std::ofstream(rates.path) << "{ not json";
+  }
+  CHECK_FALSE(CollectiveRates::cached(2, o.bucket_mb).has_value());  // a corrupt cache: the stand-in
+  std::filesystem::remove_all(dir);
+  use_test_cache();
 }

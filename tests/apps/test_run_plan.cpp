@@ -107,6 +107,75 @@ TEST_CASE("gpt train --plan auto: trains where the plain run cannot, at the pred
   CHECK(rest.micro_batch == chosen.micro_batch);
 }
 
+TEST_CASE("gpt train --plan with --devices: splits the model where one device cannot hold it, at the planned peaks", "[plan][apps]") {
+  use_test_cache();
+  struct NoSplitLimits {  // the budgets the split run set, put back to none
+    ~NoSplitLimits() {
+      set_memory_limit(Device("cpu:0"), 0);
+      set_memory_limit(Device("cpu:1"), 0);
+    }
+  } no_limits;
+  DataTempDir tmp("run_plan_split");
+  const std::string data = write_tiny_token_file(tmp, 20000);
+  GptTrainOptions o = tiny_gpt(data, tmp.file("split"));
+  // Large enough that the budgets pass the allocator's first 2 MiB segments.
+  o.model = GPTConfig{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 2, .d_model = 128, .dropout = 0.1};
+  o.batch = 8;
+  o.stop_after = 2;
+  o.plan = "none,ckpt,split=stages:2,ckpt+split=balanced";
+  o.parallel.devices = {Device("cpu:0"), Device("cpu:1")};
+  // Each device's budget halfway between the checkpointed split's fullest device and ckpt on one
+  // device: only a split can fit (the plan run on meta says which, before the run).
+  PlanOptions po;
+  po.workload = run_workload(o, "custom", o.model, std::nullopt);
+  po.techniques = o.plan;
+  po.devices = o.parallel.devices;
+  const Plan all = make_plan(po);
+  REQUIRE(all.rows.size() == 4);
+  const int64_t one_device = std::min(all.rows[0].memory.peak, all.rows[1].memory.peak);
+  const int64_t split_peak = all.rows[3].memory.peak;
+  REQUIRE(split_peak < one_device);
+  const int64_t budget = (split_peak + one_device) / 2;
+  o.memory_limit = "cpu:0=" + std::to_string(budget) + ",cpu:1=" + std::to_string(budget);
+  po.memory_limit = o.memory_limit;
+  const Plan planned = make_plan(po);
+  INFO(planned.table());
+  REQUIRE(planned.recommended >= 0);
+  const PlanRow& row = planned.rows[size_t(planned.recommended)];
+  REQUIRE(row.combination.parallel.active());
+
+  const GptTrainResult r = gpt_train(o);
+  const nlohmann::json config = RunDir(r.run_dir).read_config();
+  INFO(config.dump());
+  CHECK(config.at("plan").at("combination") == row.combination.name);
+  CHECK(config.at("plan").at("budgets") == planned.budget_str());
+  CHECK(config.at("model_parallel").at("devices") == nlohmann::json({"cpu:0", "cpu:1"}));
+  CHECK(config.at("model_parallel").contains("split"));
+  // Every device at the planned peak (the input device up to the loader's prefetched batches).
+  REQUIRE(r.device_peaks.size() == 2);
+  const int64_t batch_bytes = 2 * o.batch * o.model->context * 8;
+  for (size_t k = 0; k < 2; ++k) {
+    INFO(r.device_peaks[k].device.str());
+    CHECK(r.device_peaks[k].device == row.devices[k].device);
+    CHECK(r.device_peaks[k].peak <= budget);
+    check_peak(r.device_peaks[k].peak, row.devices[k].memory.peak, k == 0 ? batch_bytes : 0);
+  }
+
+  // A plan on one device drops the other device's budget; a split given by hand is refused.
+  GptTrainOptions single = tiny_gpt(data, tmp.file("single"));
+  single.plan = "none,ckpt";
+  single.parallel.devices = {Device("cpu:0"), Device("cpu:1")};
+  single.memory_limit = "cpu:0=1GiB,cpu:1=1KiB";
+  single.stop_after = 1;
+  const nlohmann::json single_config = RunDir(gpt_train(single).run_dir).read_config();
+  CHECK(single_config.at("model_parallel").is_null());
+  single.parallel.split = SplitSpec::parse("balanced");
+  CHECK_THROWS_WITH(gpt_train(single), Catch::Contains("--plan chooses the split itself"));
+  single.parallel.split.reset();
+  single.parallel.devices = {Device("cpu:1")};
+  CHECK_THROWS_WITH(gpt_train(single), Catch::Contains("needs at least two devices"));
+}
+
 TEST_CASE("gpt train --plan auto --plan-calibrate steps: the plan's time comes from timed micro-steps", "[plan][apps]") {
   use_test_cache();
   NoLimits no_limits;
