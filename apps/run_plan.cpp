@@ -81,8 +81,13 @@ RunPlan plan_run(const std::string& cmd, const TrainOptions& o, const PlanWorklo
   PlanOptions po;
   po.workload = w;
   po.device = device.str();
-  po.devices = o.parallel.devices;
+  // The devices split candidates cut over: auto's defaults add them; a list only when it splits.
+  if (o.plan == "auto" || o.plan.find("split=") != std::string::npos) po.devices = o.parallel.devices;
   po.memory_limit = o.memory_limit;
+  if (po.devices.empty() && o.memory_limit.find('=') != std::string::npos) {  // one device: its budget only
+    const int64_t budget = limit_of(parse_memory_limits(o.memory_limit, o.budgeted_devices()), device);
+    po.memory_limit = budget > 0 ? std::to_string(budget) : std::string();
+  }
   po.techniques = o.plan == "auto" ? std::string() : o.plan;
   po.optimizer = optimizer_kind_name(o.optimizer);
   MG_CHECK(o.plan_calibrate == "flops" || o.plan_calibrate == "steps", cmd, ": --plan-calibrate must be flops or "
