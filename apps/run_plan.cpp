@@ -27,6 +27,14 @@ RunPlan plan_of(const Plan& p, const PlanRow& row) {
   return r;
 }
 
+// --memory-limit as --device alone sees it: a per-device spec becomes that device's budget ("" when
+// it has none); one value stays as it is.
+std::string device_budget(const TrainOptions& o) {
+  if (o.memory_limit.find('=') == std::string::npos) return o.memory_limit;
+  const int64_t budget = limit_of(parse_memory_limits(o.memory_limit, o.budgeted_devices()), Device(o.device));
+  return budget > 0 ? std::to_string(budget) : std::string();
+}
+
 }  // namespace
 
 std::string RunPlan::str() const {
@@ -84,10 +92,7 @@ RunPlan plan_run(const std::string& cmd, const TrainOptions& o, const PlanWorklo
   // The devices split candidates cut over: auto's defaults add them; a list only when it splits.
   if (o.plan == "auto" || o.plan.find("split=") != std::string::npos) po.devices = o.parallel.devices;
   po.memory_limit = o.memory_limit;
-  if (po.devices.empty() && o.memory_limit.find('=') != std::string::npos) {  // one device: its budget only
-    const int64_t budget = limit_of(parse_memory_limits(o.memory_limit, o.budgeted_devices()), device);
-    po.memory_limit = budget > 0 ? std::to_string(budget) : std::string();
-  }
+  if (po.devices.empty()) po.memory_limit = device_budget(o);  // one device: its budget only
   po.techniques = o.plan == "auto" ? std::string() : o.plan;
   po.optimizer = optimizer_kind_name(o.optimizer);
   MG_CHECK(o.plan_calibrate == "flops" || o.plan_calibrate == "steps", cmd, ": --plan-calibrate must be flops or "
@@ -114,10 +119,7 @@ void apply_plan(const RunPlan& plan, TrainOptions& o) {
     o.parallel.placement = plan.parallel.placement;
     return;
   }
-  if (o.memory_limit.find('=') != std::string::npos) {
-    const int64_t budget = limit_of(parse_memory_limits(o.memory_limit, o.budgeted_devices()), Device(o.device));
-    o.memory_limit = budget > 0 ? std::to_string(budget) : std::string();
-  }
+  o.memory_limit = device_budget(o);
   o.parallel.devices.clear();  // one device: --devices was only what the plan could split over
 }
 
