@@ -54,56 +54,43 @@ Tensor filled(const Shape& s, DType dt) {
   return t;
 }
 
+// The created tensors' share of a timed kernel, at c's bandwidths (Note [Reuse distance]): the
+// step charges those elements on their own, so a kernel's rate is its work over the rest of its
+// time. Counted in one untimed run (the counter's bookkeeping would slow the timed ones).
+template <class F>
+double elements_seconds(const Calibration& c, F fn) {
+  FlopCounts work;
+  {
+    FlopCounter counter;
+    fn();
+    work = counter.counts();
+  }
+  work.flops = {};
+  return c.estimate_ms(work) / 1e3;
+}
+
+// The rate of a kernel doing `work` units per call, net of its created tensors' elements; the
+// net time is kept at a tenth of the measured one or more, so a curve measured under other load
+// cannot make a rate unbounded.
+template <class F>
+double net_rate(const Calibration& c, double work, F fn) {
+  const double s = best_seconds(5, fn);
+  return work / std::max(s - elements_seconds(c, fn), 0.1 * s) / 1e9;
+}
+
 Calibration measure() {
   Calibration c;
   c.cpu = cpu_model_name();
   c.threads = num_threads();
   c.gemm = cpu_gemm_backend();
   MemoryCategoryGuard ws(MemoryCategory::workspace);
-  // GEMMs of a GPT-ish shape: (B*T, C) x (C, 4C); the fastest of 5 (a shared machine slows some).
-  const int64_t M = 2048, K = 512, N = 2048;
-  const double gemm = 2.0 * double(M) * double(N) * double(K);
-  for (DType dt : {DType::f32, DType::bf16}) {
-    Tensor a = filled({M, K}, dt), b = filled({K, N}, dt);
-    const double s = best_seconds(5, [&] { (void)matmul(a, b); });
-    c.gflops[size_t(gemm_kind(dt))] = gemm / s / 1e9;
-  }
-  // Dense convolutions: a MobileNetV2 block's pointwise pair at batch 16, 32x32 (expand 32 -> 192,
-  // project 192 -> 32), forward and backward (dx, dW), in f32 and in bf16.
-  EnableGradGuard grad;  // whoever asks for the rates may be inside a NoGradGuard
-  // A MobileNetV2-ish depthwise 3x3 convolution, (16, 96, 56, 56), forward and backward (dx, dW):
-  // its backward reduces over every image and position per channel and runs slower than its
-  // forward, so a forward alone would rate a step's depthwise work too fast.
-  {
-    Tensor x = filled({16, 96, 56, 56}, DType::f32).set_requires_grad(true);
-    Tensor w = filled({96, 1, 3, 3}, DType::f32).set_requires_grad(true);
-    const Tensor dout = filled({16, 96, 56, 56}, DType::f32);
-    const double flops = 3.0 * 2.0 * 16 * 96 * 56 * 56 * 9;
-    const double s = best_seconds(5, [&] {
-      for (const Tensor* t : {&x, &w}) t->set_grad(Tensor());
-      backward(conv2d(x, w, Tensor(), {.stride = 1, .padding = 1, .groups = 96}), dout);
-    });
-    c.gflops[size_t(FlopKind::direct)] = flops / s / 1e9;
-  }
-  for (DType dt : {DType::f32, DType::bf16}) {
-    const int64_t n = 16, hw = 32, narrow = 32, wide = 192;
-    Tensor x = filled({n, narrow, hw, hw}, dt).set_requires_grad(true);
-    Tensor we = filled({wide, narrow, 1, 1}, dt).set_requires_grad(true);
-    Tensor wp = filled({narrow, wide, 1, 1}, dt).set_requires_grad(true);
-    const Tensor dout = filled({n, narrow, hw, hw}, dt);
-    const double flops = 3.0 * 2.0 * (2.0 * double(n * hw * hw) * double(narrow * wide));
-    const double s = best_seconds(5, [&] {
-      for (const Tensor* t : {&x, &we, &wp}) t->set_grad(Tensor());
-      backward(conv2d(conv2d(x, we, Tensor(), {}), wp, Tensor(), {}), dout);
-    });
-    c.gflops[size_t(conv_kind(dt))] = flops / s / 1e9;
-  }
-  // Bandwidth by working set, timed on an element-wise op as a step runs them, not on memcpy
-  // (whose streaming stores run about twice an op loop's bandwidth out of main memory, and the
-  // same out of cache): y = x * 1.5 for x of 128 KiB ... 256 MiB, each y a new tensor (the
-  // allocator hands back the block the previous y freed), so every byte is touched again after
-  // x + y bytes of traffic. Each timing repeats the op to at least 64 MiB, so small working sets
-  // are not timer noise.
+  // Bandwidth by working set first (the kernels' rates below are net of their tensors' elements
+  // at these rates), timed on an element-wise op as a step runs them, not on memcpy (whose
+  // streaming stores run about twice an op loop's bandwidth out of main memory, and the same out
+  // of cache): y = x * 1.5 for x of 128 KiB ... 256 MiB, each y a new tensor (the allocator hands
+  // back the block the previous y freed), so every byte is touched again after x + y bytes of
+  // traffic. Each timing repeats the op to at least 64 MiB, so small working sets are not timer
+  // noise.
   {
     const int64_t largest = int64_t(256) << 20;  // bytes of x: a 512 MiB working set
     const Tensor all = filled({largest / 4}, DType::f32);
@@ -118,6 +105,55 @@ Calibration measure() {
     }
   }
   empty_cache(kCPU);  // the bandwidth's 512 MiB go back now, not with the next plan's fresh pool
+  // GEMMs of a GPT-ish shape: (B*T, C) x (C, 4C); the fastest of 5 (a shared machine slows some).
+  const int64_t M = 2048, K = 512, N = 2048;
+  const double gemm = 2.0 * double(M) * double(N) * double(K);
+  for (DType dt : {DType::f32, DType::bf16}) {
+    Tensor a = filled({M, K}, dt), b = filled({K, N}, dt);
+    c.gflops[size_t(gemm_kind(dt))] = net_rate(c, gemm, [&] { (void)matmul(a, b); });
+  }
+  EnableGradGuard grad;  // whoever asks for the rates may be inside a NoGradGuard
+  // A MobileNetV2-ish depthwise 3x3 convolution, (16, 96, 56, 56), forward and backward (dx, dW):
+  // its backward reduces over every image and position per channel and runs slower than its
+  // forward, so a forward alone would rate a step's depthwise work too fast.
+  {
+    Tensor x = filled({16, 96, 56, 56}, DType::f32).set_requires_grad(true);
+    Tensor w = filled({96, 1, 3, 3}, DType::f32).set_requires_grad(true);
+    const Tensor dout = filled({16, 96, 56, 56}, DType::f32);
+    const double flops = 3.0 * 2.0 * 16 * 96 * 56 * 56 * 9;
+    c.gflops[size_t(FlopKind::direct)] = net_rate(c, flops, [&] {
+      for (const Tensor* t : {&x, &w}) t->set_grad(Tensor());
+      backward(conv2d(x, w, Tensor(), {.stride = 1, .padding = 1, .groups = 96}), dout);
+    });
+  }
+  // Dense convolutions: a MobileNetV2 block's pointwise pair at batch 16, 32x32 (expand 32 -> 192,
+  // project 192 -> 32), forward and backward (dx, dW), in f32 and in bf16.
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t n = 16, hw = 32, narrow = 32, wide = 192;
+    Tensor x = filled({n, narrow, hw, hw}, dt).set_requires_grad(true);
+    Tensor we = filled({wide, narrow, 1, 1}, dt).set_requires_grad(true);
+    Tensor wp = filled({narrow, wide, 1, 1}, dt).set_requires_grad(true);
+    const Tensor dout = filled({n, narrow, hw, hw}, dt);
+    const double flops = 3.0 * 2.0 * (2.0 * double(n * hw * hw) * double(narrow * wide));
+    c.gflops[size_t(conv_kind(dt))] = net_rate(c, flops, [&] {
+      for (const Tensor* t : {&x, &we, &wp}) t->set_grad(Tensor());
+      backward(conv2d(conv2d(x, we, Tensor(), {}), wp, Tensor(), {}), dout);
+    });
+  }
+  // A MobileNetV2 block's batch norm + ReLU6 in training, (16, 96, 32, 32), forward and backward:
+  // its passes beyond the one write and read of y and dx (FlopKind::batch_norm), two per element.
+  {
+    const int64_t n = 16, ch = 96, hw = 32;
+    Tensor x = filled({n, ch, hw, hw}, DType::f32).set_requires_grad(true);
+    Tensor w = filled({ch}, DType::f32).set_requires_grad(true);
+    Tensor b = filled({ch}, DType::f32).set_requires_grad(true);
+    const Tensor rm = filled({ch}, DType::f32), rv = filled({ch}, DType::f32);
+    const Tensor dout = filled({n, ch, hw, hw}, DType::f32);
+    c.gflops[size_t(FlopKind::batch_norm)] = net_rate(c, 2.0 * double(x.numel()), [&] {
+      for (const Tensor* t : {&x, &w, &b}) t->set_grad(Tensor());
+      backward(batch_norm_relu6(x, rm, rv, w, b, true, 0.1, 1e-5), dout);
+    });
+  }
   return c;
 }
 
@@ -212,16 +248,18 @@ double Calibration::estimate_ms(const FlopCounts& work) const {
   for (size_t k = 0; k < kNumReuseBuckets; ++k)
     if (work.elements_by_reuse[k] > 0)
       s += 2.0 * 4.0 * work.elements_by_reuse[k] / (gbytes_per_s_at(reuse_bucket_bytes(k)) * 1e9);
-  for (size_t k = 0; k < kNumFlopKinds; ++k) s += work.flops[k] / (gflops[k] * 1e9);
+  for (size_t k = 0; k < kNumFlopKinds; ++k)
+    if (work.flops[k] > 0) s += work.flops[k] / (gflops[k] * 1e9);
   return 1e3 * s;
 }
 
 std::string Calibration::str() const {
-  char line[320];
+  char line[400];
   std::snprintf(line, sizeof line,
                 "%s, %d threads: f32 GEMM %.1f GFLOP/s, bf16 GEMM %.1f GFLOP/s, forward + backward: depthwise conv "
-                "%.1f GFLOP/s, pointwise conv f32 %.1f / bf16 %.1f GFLOP/s; element-wise GB/s by working set:",
-                cpu.c_str(), threads, gflops[0], gflops[1], gflops[2], gflops[3], gflops[4]);
+                "%.1f GFLOP/s, pointwise conv f32 %.1f / bf16 %.1f GFLOP/s, batch norm %.2f G elements/s (its passes "
+                "beyond its tensors' write and read); element-wise GB/s by working set:",
+                cpu.c_str(), threads, gflops[0], gflops[1], gflops[2], gflops[3], gflops[4], gflops[5]);
   std::string s = line;
   for (const BandwidthPoint& b : bandwidth) {
     const double kib = b.working_set_bytes / 1024;

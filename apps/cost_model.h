@@ -3,11 +3,12 @@
 // element costs an f32 one's: FlopCounts::elements), at the copy bandwidth of a working set as
 // large as the tensor's reuse distance (Note [Reuse distance] in core/flop_counter.h): a
 // temporary read by the next op streams from a cache, an activation saved for the backward pass
-// of a large micro-batch from main memory. The rates are measured once per CPU model and thread
-// count (an f32 and a bf16 GEMM, a depthwise convolution and a pointwise convolution pair forward
-// and backward, the latter in f32 and bf16, an element-wise op over working sets of 256 KiB to
-// 512 MiB; about a second)
-// and cached as JSON under the user's cache folder ($MG_CACHE_DIR, else $XDG_CACHE_HOME/memgrad,
+// of a large micro-batch from main memory. A training batch norm's further passes over its
+// input are charged at their own rate (FlopKind::batch_norm). The rates are measured once per CPU
+// model and thread count (an element-wise op over working sets of 256 KiB to 512 MiB; an f32 and
+// a bf16 GEMM, a depthwise convolution, a pointwise convolution pair in f32 and in bf16 and a
+// batch norm + ReLU6, each forward and backward, at their work over their time less their created
+// tensors' charge; about a second) and cached as JSON under the user's cache folder ($MG_CACHE_DIR, else $XDG_CACHE_HOME/memgrad,
 // else ~/.cache/memgrad).
 #pragma once
 #include <string>
@@ -27,7 +28,7 @@ struct BandwidthPoint {
 };
 
 // What a cache written by an older cost model lacks: such a cache is measured anew.
-inline constexpr int kCalibrationVersion = 2;
+inline constexpr int kCalibrationVersion = 3;
 
 struct Calibration {
   std::string cpu;          // lscpu's model name (/proc/cpuinfo)

@@ -6,7 +6,12 @@
 // that for the backward (dx and dW), as cuDNN and PyTorch's profiler do.
 // BM_DepthwiseSmall: the 3x3 depthwise convs of mobilenetv2-32 at batch 64 (16x16 x 192,
 // 8x8 x 576, 4x4 x 960 channels, stride 1), each under the plane-by-plane reference kernel and
-// under the channel-vectorised one (ops/conv2d_depthwise.h), so one run gives before and after.
+// under the channel-vectorised one (ops/conv2d_depthwise.h), so one run gives before and after;
+// in f32 and in bf16 (whose staged f32 images run the same kernels).
+// BM_PointwiseSmall: the expand + project 1x1 pair of mobilenetv2-32 at batch 64 on each plane
+// size (32x32: 24 <-> 144, 16x16: 32 <-> 192, 8x8: 96 <-> 576, 4x4: 160 <-> 960 channels), forward
+// and backward, in f32 and bf16: one image's GEMM has a plane's positions as its columns, few on
+// small planes.
 // Run: OMP_NUM_THREADS=2 build/<dir>/bench/bench_conv --benchmark_min_time=0.5
 #include <benchmark/benchmark.h>
 
@@ -105,14 +110,17 @@ void BM_BlockForwardBackward(benchmark::State& state) {
   set_counters(state, 3.0 * (kExpand.flops() + kDepthwise.flops() + kProject.flops()));
 }
 
-// Args: plane side (16, 8 or 4), pass, kernel (0 reference, 1 channel lanes).
+// Args: plane side (16, 8 or 4), pass, kernel (0 reference, 1 channel lanes), dtype (0 f32, 1
+// bf16: staged in f32 groups of images).
 void BM_DepthwiseSmall(benchmark::State& state) {
   const int64_t side = state.range(0), n = 64, c = side == 16 ? 192 : side == 8 ? 576 : 960;
   const Pass pass = Pass(state.range(1));
   mg::detail::set_depthwise_kernel(state.range(2) ? mg::detail::DepthwiseKernel::automatic
                                                   : mg::detail::DepthwiseKernel::reference);
-  mg::Tensor x = filled({n, c, side, side}, 1.0, 0.37), w = filled({c, 1, 3, 3}, 0.3, 0.23);
-  mg::Tensor dout = filled({n, c, side, side}, 1.0, 0.71);
+  const mg::DType dt = state.range(3) ? mg::DType::bf16 : mg::DType::f32;
+  mg::Tensor x = mg::cast(filled({n, c, side, side}, 1.0, 0.37), dt);
+  mg::Tensor w = mg::cast(filled({c, 1, 3, 3}, 0.3, 0.23), dt);
+  mg::Tensor dout = mg::cast(filled({n, c, side, side}, 1.0, 0.71), dt);
   const double flops = 2.0 * double(n * c * side * side) * 9.0;
   if (pass == Pass::forward) {
     mg::NoGradGuard no_grad;
@@ -132,6 +140,24 @@ void BM_DepthwiseSmall(benchmark::State& state) {
   mg::detail::set_depthwise_kernel(mg::detail::DepthwiseKernel::automatic);
 }
 
+// Args: plane side (32, 16, 8 or 4), dtype (0 f32, 1 bf16).
+void BM_PointwiseSmall(benchmark::State& state) {
+  const int64_t side = state.range(0), n = 64;
+  const int64_t narrow = side == 32 ? 24 : side == 16 ? 32 : side == 8 ? 96 : 160, wide = 6 * narrow;
+  const mg::DType dt = state.range(1) ? mg::DType::bf16 : mg::DType::f32;
+  auto make = [&](const mg::Shape& s, double scale, double freq) { return mg::cast(filled(s, scale, freq), dt); };
+  mg::Tensor x = make({n, narrow, side, side}, 1.0, 0.37).set_requires_grad(true);
+  mg::Tensor we = make({wide, narrow, 1, 1}, 0.2, 0.23).set_requires_grad(true);
+  mg::Tensor wp = make({narrow, wide, 1, 1}, 0.1, 0.29).set_requires_grad(true);
+  const mg::Tensor dout = make({n, narrow, side, side}, 1.0, 0.71);
+  for (auto _ : state) {
+    for (const mg::Tensor* t : {&x, &we, &wp}) t->set_grad(mg::Tensor());
+    mg::backward(mg::conv2d(mg::conv2d(x, we, mg::Tensor(), {}), wp, mg::Tensor(), {}), dout);
+    benchmark::DoNotOptimize(we.grad().data_ptr());
+  }
+  set_counters(state, 3.0 * 2.0 * 2.0 * double(n * side * side) * double(narrow * wide));
+}
+
 }  // namespace
 
 // Arg 0: forward only (no_grad); 1: forward + backward.
@@ -139,10 +165,14 @@ BENCHMARK(BM_ConvExpand1x1)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseR
 BENCHMARK(BM_ConvDepthwise3x3)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_ConvProject1x1)->Arg(0)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DepthwiseSmall)
-    ->ArgsProduct({{16, 8, 4}, {0, 1}, {0, 1}})
-    ->ArgNames({"side", "backward", "lanes"})
+    ->ArgsProduct({{16, 8, 4}, {0, 1}, {0, 1}, {0, 1}})
+    ->ArgNames({"side", "backward", "lanes", "bf16"})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime();
+BENCHMARK(BM_PointwiseSmall)
+    ->ArgsProduct({{32, 16, 8, 4}, {0, 1}})
+    ->ArgNames({"side", "bf16"})
+    ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_BlockForwardBackward)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 BENCHMARK_MAIN();

@@ -20,6 +20,7 @@ std::string_view flop_kind_name(FlopKind k) {
     case FlopKind::direct: return "direct";
     case FlopKind::conv_f32: return "conv_f32";
     case FlopKind::conv_16: return "conv_16";
+    case FlopKind::batch_norm: return "batch_norm";
   }
   return "?";
 }

@@ -26,9 +26,13 @@ namespace mg {
 // / 16-bit tensors. Convolutions get kinds of their own because their GEMMs are narrow (a few
 // dozen to a few hundred input channels, one image or a staged group at a time) and the 16-bit
 // ones convert every image to f32 and back: they run at a fraction of a large GEMM's rate.
-enum class FlopKind : uint8_t { gemm_f32, gemm_16, direct, conv_f32, conv_16 };
-inline constexpr size_t kNumFlopKinds = 5;
-std::string_view flop_kind_name(FlopKind k);  // "gemm_f32", "gemm_16", "direct", "conv_f32", "conv_16"
+// batch_norm: not FLOPs but the elements a training batch norm's forward or its backward
+// normalises (x's elements, once per call): both run several passes over them (statistics, then
+// the output; the gradient's two sums, then dx; the clamp's mask recomputed), which the one write
+// and one read charged for each created tensor (FlopCounts::elements) leave out.
+enum class FlopKind : uint8_t { gemm_f32, gemm_16, direct, conv_f32, conv_16, batch_norm };
+inline constexpr size_t kNumFlopKinds = 6;
+std::string_view flop_kind_name(FlopKind k);  // "gemm_f32", ..., "conv_16", "batch_norm"
 
 // Note [Reuse distance]
 // A tensor is touched twice as far as the counter can tell: written when it is created, and read

@@ -25,6 +25,7 @@
 #include <cstring>
 
 #include "autograd/grad_mode.h"
+#include "core/flop_counter.h"
 #include "core/parallel.h"
 #include "ops/autocast_policy.h"
 #include "ops/cpu_loops.h"
@@ -421,6 +422,7 @@ class BatchNormBackward : public Node {
     Tensor xv = contiguous_scratch(x.unpack()), mv = mean.unpack(), rv = rstd.unpack();  // on meta too: exact bytes
     Tensor wv = weight.defined() ? weight.unpack() : Tensor();
     Tensor bv = bias.defined() ? bias.unpack() : Tensor();
+    if (training_) count_flops(FlopKind::batch_norm, double(dy.numel()));
     if (dy.is_meta()) return {dx, dw, db};
     ChannelLayout l = channel_layout(xv);
     if (dy.device().is_cuda()) {
@@ -516,6 +518,7 @@ Tensor batch_norm_impl(const Tensor& x, const Tensor& running_mean, const Tensor
   ChannelLayout l = channel_layout(x);
   MG_CHECK(!training || l.count() > 1, op, ": training needs more than 1 value per channel, got input ", x.shape());
   OpNameGuard name(op);
+  if (training) count_flops(FlopKind::batch_norm, double(x.numel()));  // its passes (flop_counter.h)
   bool record = any_requires_grad({x, weight, bias});
   // With relu6 every gradient, dbias's too, needs the clamp's mask, so x is always kept.
   bool keep_x = record && (relu6 || wants_grad(x) || wants_grad(weight));

@@ -5,9 +5,9 @@
 // Determinism: each output plane, each dx plane and each channel of dW is computed by one thread
 // in a fixed order, and dW sums the images n = 0, 1, ... in that order.
 // f16/bf16: groups of images are staged in f32 workspace (ops/f32_staging.h), computed, and
-// rounded on store. These plane kernels are the reference; f32 convolutions whose planes fit the
-// channel tiles run ops/conv2d_depthwise_lanes.cpp instead: the output and dx with the same bits,
-// dW (f32 and staged 16-bit) in that file's own fixed order.
+// rounded on store. These plane kernels are the reference; convolutions whose planes fit the
+// channel tiles run ops/conv2d_depthwise_lanes.cpp instead (f32 directly, 16-bit on the staged
+// images): the output and dx with the same bits, dW in that file's own fixed order.
 #include <algorithm>
 #include <type_traits>
 
@@ -166,16 +166,19 @@ void forward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Ten
   constexpr bool low = !std::is_same_v<T, A>;
   const TensorOptions ws{.dtype = dtype_of_v<A>, .device = out.device()};
   const int64_t group = low ? staged_images(std::max(g.Cin * g.hw(), g.Cout * g.ohw()), g.N) : g.N;
-  Tensor xbuf, wbuf, obuf;
+  const int lanes = std::is_same_v<A, float> ? lanes_for(g) : 0;  // 16-bit: on the staged f32 images
+  Tensor xbuf, wbuf, obuf, bbuf;
   if (low) {
     MemoryCategoryGuard cat(MemoryCategory::workspace);
     xbuf = empty({group, g.Cin, g.hw()}, ws);    // a group of x images in f32
     wbuf = empty(w.shape(), ws);                 // (Cout, 1, KH, KW) in f32
     obuf = empty({group, g.Cout, g.ohw()}, ws);  // their outputs in f32
+    if (lanes && bias.defined()) bbuf = empty(bias.shape(), ws);  // the lanes read an f32 bias
   }
   if (skip_kernel(out)) return;
   const A* wp = images_in<T, A>(w, 0, 1, w.numel(), wbuf);
   const T* bp = bias.defined() ? bias.data<T>() : nullptr;
+  const A* bpa = bbuf.defined() ? images_in<T, A>(bias, 0, 1, bias.numel(), bbuf) : nullptr;
   // out planes of `count` images from their x planes: one task per (image, channel) plane.
   auto planes = [&](int64_t count, const A* xs, A* os) {
     parallel_for(0, count * g.Cout, plane_grain(g), [&](int64_t pb, int64_t pe) {
@@ -187,7 +190,7 @@ void forward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Ten
     });
   };
   if constexpr (std::is_same_v<T, float>) {
-    if (const int lanes = lanes_for(g)) {
+    if (lanes) {
       depthwise_lanes_forward(g, lanes, g.N, x.data<T>(), wp, bp, out.data<T>());
       return;
     }
@@ -197,7 +200,9 @@ void forward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Ten
   } else {
     for (int64_t n = 0; n < g.N; n += group) {  // a group of images at a time through f32 workspace
       const int64_t k = std::min(group, g.N - n);
-      planes(k, images_in<T, A>(x, n, k, g.Cin * g.hw(), xbuf), obuf.data<A>());
+      const A* xs = images_in<T, A>(x, n, k, g.Cin * g.hw(), xbuf);
+      if (lanes) depthwise_lanes_forward(g, lanes, k, xs, wp, bpa, obuf.data<A>());
+      else planes(k, xs, obuf.data<A>());
       convert_n(obuf.data<A>(), out.data<T>() + n * g.Cout * g.ohw(), k * g.Cout * g.ohw());
     }
   }
@@ -253,8 +258,9 @@ void backward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Te
       }
     });
   };
+  const int lanes = std::is_same_v<A, float> ? lanes_for(g) : 0;  // 16-bit: on the staged f32 images
   if constexpr (std::is_same_v<T, float>) {
-    if (const int lanes = lanes_for(g)) {  // dx on the channel lanes (dW picks its own kernel)
+    if (lanes) {  // dx on the channel lanes (dW picks its own kernel)
       if (need_dw) weight_pass(g.N, dout.data<T>(), x.data<T>());
       if (need_dx) depthwise_lanes_backward_input(g, lanes, g.N, dout.data<T>(), wp, dx.data<T>());
       return;
@@ -269,7 +275,8 @@ void backward_kernel(const DwGeom& g, const Tensor& x, const Tensor& w, const Te
       const A* don = images_in<T, A>(dout, n, k, g.Cout * g.ohw(), dobuf);
       if (need_dw) weight_pass(k, don, images_in<T, A>(x, n, k, g.Cin * g.hw(), xbuf));
       if (need_dx) {
-        input_pass(k, don, dxbuf.data<A>());
+        if (lanes) depthwise_lanes_backward_input(g, lanes, k, don, wp, dxbuf.data<A>());
+        else input_pass(k, don, dxbuf.data<A>());
         convert_n(dxbuf.data<A>(), dx.data<T>() + n * g.Cin * g.hw(), k * g.Cin * g.hw());
       }
     }
