@@ -35,17 +35,20 @@ std::string cpu_model_name() {
 
 namespace {
 
-// The fastest of `reps` runs of fn, in seconds (the least disturbed by other work).
+// The median of `reps` runs of fn, in seconds: the statistic `--verify` and the timed pieces
+// report for steps, so that a rate is what a typical run sees on this (possibly shared) machine,
+// not its least disturbed moment.
 template <class F>
-double best_seconds(int reps, F fn) {
+double median_seconds(int reps, F fn) {
   fn();  // warm-up: caches, pages, the allocator's pools
-  double best = 1e30;
+  std::vector<double> t;
   for (int i = 0; i < reps; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
-  return best;
+  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
+  return t[size_t(reps / 2)];
 }
 
 Tensor filled(const Shape& s, DType dt) {
@@ -74,7 +77,7 @@ double elements_seconds(const Calibration& c, F fn) {
 // cannot make a rate unbounded.
 template <class F>
 double net_rate(const Calibration& c, double work, F fn) {
-  const double s = best_seconds(5, fn);
+  const double s = median_seconds(7, fn);
   return work / std::max(s - elements_seconds(c, fn), 0.1 * s) / 1e9;
 }
 
@@ -97,7 +100,7 @@ Calibration measure() {
     for (int64_t half = int64_t(128) << 10; half <= largest; half *= 2) {
       const Tensor x = narrow(all, 0, 0, half / 4);
       const int64_t repeats = std::max<int64_t>(1, (int64_t(64) << 20) / (2 * half));
-      const double s = best_seconds(3, [&] {
+      const double s = median_seconds(5, [&] {
         for (int64_t r = 0; r < repeats; ++r) (void)mul(x, 1.5);
       });
       c.bandwidth.push_back({.working_set_bytes = 2.0 * double(half),
@@ -105,7 +108,7 @@ Calibration measure() {
     }
   }
   empty_cache(kCPU);  // the bandwidth's 512 MiB go back now, not with the next plan's fresh pool
-  // GEMMs of a GPT-ish shape: (B*T, C) x (C, 4C); the fastest of 5 (a shared machine slows some).
+  // GEMMs of a GPT-ish shape: (B*T, C) x (C, 4C).
   const int64_t M = 2048, K = 512, N = 2048;
   const double gemm = 2.0 * double(M) * double(N) * double(K);
   for (DType dt : {DType::f32, DType::bf16}) {

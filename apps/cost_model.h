@@ -28,7 +28,7 @@ struct BandwidthPoint {
 };
 
 // What a cache written by an older cost model lacks: such a cache is measured anew.
-inline constexpr int kCalibrationVersion = 3;
+inline constexpr int kCalibrationVersion = 4;
 
 struct Calibration {
   std::string cpu;          // lscpu's model name (/proc/cpuinfo)
