@@ -266,9 +266,9 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
     return model.loss(narrow(b.input, 0, begin, n), narrow(b.target, 0, begin, n));
   };
   task.micro_weight = [](const Batch& b, int64_t begin, int64_t n) { return counted_targets(b.target, begin, n); };
-  task.evaluate = [&](int64_t step) -> std::optional<Evaluation> {
+  task.evaluate = [&](int64_t step, int64_t micro) -> std::optional<Evaluation> {
     if (step % o.eval_every != 0 && step != o.steps) return std::nullopt;
-    r.last_val_loss = validation_loss(model, val_set, B, data_device, precision);
+    r.last_val_loss = validation_loss(model, val_set, micro > 0 ? micro : B, data_device, precision);
     char line[96];
     std::snprintf(line, sizeof(line), "step %lld/%lld: validation loss %.4f (%lld windows)", (long long)step,
                   (long long)o.steps, r.last_val_loss, (long long)val_set->size());
@@ -279,7 +279,8 @@ GptTrainResult gpt_train(const GptTrainOptions& in) {
   if (config.contains("plan")) task.notes.push_back("plan: " + config["plan"].value("summary", std::string("?")));
   std::optional<AutoFit> auto_fit;
   if (o.techniques.auto_fit && rates)
-    auto_fit.emplace(run_workload(o, config.value("model_name", "custom"), cfg, std::nullopt), device, *rates);
+    auto_fit.emplace(run_workload(o, config.value("model_name", "custom"), cfg, std::nullopt), device, *rates,
+                     auto_fit_placement(o.parallel, parallel ? &*parallel : nullptr));
   task.pipeline_stages = [&](const Batch& b, const std::vector<int64_t>& stage_blocks, int64_t micro) {
     return gpt_pipeline_stages(model, stage_blocks, b.input, b.target, micro);
   };

@@ -79,6 +79,12 @@ OnMeta on_meta(const Combination& c, const Device& device, const MemoryLimits& b
     if (c.parallel.devices[i] == device) m.home = d;
     m.parallel.devices[i] = d;
   }
+  if (m.parallel.placement)  // a fixed map: its devices by their meta stand-ins too
+    for (auto& [path, d] : m.parallel.placement->entries) {
+      const auto at = std::find(c.parallel.devices.begin(), c.parallel.devices.end(), d);
+      MG_INTERNAL_ASSERT(at != c.parallel.devices.end(), "a placement device outside the plan's devices");
+      d = m.parallel.devices[size_t(at - c.parallel.devices.begin())];
+    }
   for (const auto& [d, bytes] : row_budgets(c, device, budgets)) {
     if (!c.parallel.active()) {
       m.limits.emplace_back(m.home, bytes);
@@ -326,12 +332,22 @@ Plan make_plan(const PlanOptions& o) {
            " (0: no data-parallel rows), got ", o.ranks);
   MG_CHECK(o.ranks == 0 || o.techniques.empty(), "plan: --ranks adds data-parallel rows to the default candidates; with "
            "--techniques name them there (ddp=", o.ranks, ", zero1=", o.ranks, ", zero2=", o.ranks, ")");
-  const std::vector<Combination> combos =
+  std::vector<Combination> combos =
       parse_combinations(o.techniques.empty() ? default_candidates(p.workload.batch) +
                                                     (o.devices.empty() ? "" : "," + split_candidates(p.workload, o.devices.size())) +
                                                     (o.ranks ? "," + rank_candidates(o.ranks) : "")
                                               : o.techniques,
-                         p.workload.batch, p.device, o.devices);
+                         p.workload.batch, p.device, o.placement ? std::vector<Device>{} : o.devices);
+  if (o.placement) {
+    MG_CHECK(o.placement->devices() == o.devices, "plan: a fixed placement must be over --devices (",
+             o.placement->str(), ")");
+    for (Combination& c : combos) {
+      MG_CHECK(!c.parallel.active() && c.ranks == 0, "plan: '", c.name,
+               "': the candidates of a fixed placement name no split or ranks of their own");
+      c.parallel.placement = *o.placement;
+      c.parallel.devices = o.devices;
+    }
+  }
   for (const Combination& c : combos) {
     MG_CHECK(c.ranks <= kMaxPlannedRanks, "plan: '", c.name, "': at most ", kMaxPlannedRanks, " ranks are planned (each "
              "is simulated), got ", c.ranks);

@@ -53,6 +53,10 @@ struct PlanOptions {
   // Collective rates measured by this job (mpirun -np N memgrad plan): rows of N ranks use them;
   // rows of other rank counts use the cached ones, else the stand-in (Note [Collective time]).
   std::optional<CollectiveRates> collectives{};
+  // Every candidate placed by this map, over `devices` (which must be its devices): a running
+  // split run's placement, which --auto-fit keeps while it changes the techniques. The
+  // candidates then name no split or ranks of their own.
+  std::optional<Placement> placement{};
 };
 
 struct PlanRow {

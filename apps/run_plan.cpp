@@ -1,7 +1,9 @@
 // --plan and --auto-fit's planner for training runs (see run_plan.h).
 #include "apps/run_plan.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "apps/plan.h"
 #include "core/allocator.h"
@@ -124,15 +126,27 @@ void apply_plan(const RunPlan& plan, TrainOptions& o) {
 }
 
 std::optional<Calibration> planning_rates(const TrainOptions& o, const Device& device) {
-  if ((o.plan.empty() && !o.techniques.auto_fit) || !device.is_cpu() || o.parallel.active() || o.data_parallel.enabled)
+  // A split run plans only for --auto-fit (--plan refuses a split given by hand), not when sliced
+  // by --split tensor (auto_fit_placement).
+  const bool split = o.parallel.active();
+  const bool tensor = o.parallel.split && o.parallel.split->kind == SplitSpec::Kind::tensor;
+  if ((o.plan.empty() && !o.techniques.auto_fit) || !device.is_cpu() || o.data_parallel.enabled ||
+      (split && (tensor || !o.plan.empty())))
     return std::nullopt;
+  for (const Device& d : o.parallel.model_devices())
+    if (!d.is_cpu()) return std::nullopt;
   Calibration c = Calibration::of_this_machine();
   if (!c.cached) empty_cache(kCPU);  // the measurement's blocks: not the run's
   return c;
 }
 
-AutoFit::AutoFit(PlanWorkload workload, Device device, Calibration rates)
-    : workload_(std::move(workload)), device_(device), rates_(std::move(rates)) {}
+AutoFit::AutoFit(PlanWorkload workload, Device device, Calibration rates, std::optional<Placement> placement)
+    : workload_(std::move(workload)), device_(device), rates_(std::move(rates)), placement_(std::move(placement)) {}
+
+std::optional<Placement> auto_fit_placement(const ModelParallelOptions& o, const ModelParallelRun* run) {
+  if (!run || (o.split && o.split->kind == SplitSpec::Kind::tensor)) return std::nullopt;
+  return Placement{.entries = run->placement.leaves};
+}
 
 std::string AutoFit::candidates(Precision precision) const {
   std::vector<std::string> precisions;
@@ -150,15 +164,21 @@ std::string AutoFit::candidates(Precision precision) const {
     for (const std::string& prec : precisions)
       for (const std::string& acc : accums)
         for (const char* off : {"", "offload"}) {
+          if (placement_ && *off) continue;  // a split model does not offload activations
           std::string name;
           for (const std::string& part : {std::string(ckpt), prec, acc, std::string(off)})
-            if (!part.empty()) name += (name.empty() ? "" : "+") + part;
-          list += (list.empty() ? "" : ",") + (name.empty() ? std::string("none") : name);
+            if (!part.empty()) {
+              if (!name.empty()) name += '+';
+              name += part;
+            }
+          if (!list.empty()) list += ',';
+          list += name.empty() ? std::string("none") : name;
         }
   return list;
 }
 
 std::optional<RunPlan> AutoFit::next(const TechniqueOptions& current, int64_t micro) const {
+  if (placement_) return next_split(current, micro);
   const int64_t budget = int64_t(memory_limit(device_));
   if (budget <= 0) return std::nullopt;  // the device itself ran out: nothing to plan against
   // The current plan as the planner sees it (the Trainer's own auto-fit snapshot aside).
@@ -187,6 +207,63 @@ std::optional<RunPlan> AutoFit::next(const TechniqueOptions& current, int64_t mi
   const PlanRow* best = nullptr;
   for (const PlanRow& r : p.rows)
     if (r.fits && r.memory.peak < now_peak && (!best || r.estimated_ms < best->estimated_ms)) best = &r;
+  if (!best) return std::nullopt;
+  RunPlan r = plan_of(p, *best);
+  r.techniques.auto_fit = current.auto_fit;
+  r.techniques.profile = current.profile;
+  return r;
+}
+
+
+std::optional<RunPlan> AutoFit::next_split(const TechniqueOptions& current, int64_t micro) const {
+  const std::vector<Device> devices = placement_->devices();
+  std::string limits;  // every budgeted device's budget, as --memory-limit gives them
+  for (const Device& d : devices)
+    if (const size_t b = memory_limit(d); b > 0) {
+      if (!limits.empty()) limits += ',';
+      limits += d.str();
+      limits += '=';
+      limits += std::to_string(b);
+    }
+  if (limits.empty()) return std::nullopt;  // a device itself ran out: nothing to plan against
+  PlanOptions po;
+  po.workload = workload_;
+  po.device = device_.str();
+  po.devices = devices;
+  po.placement = placement_;
+  po.memory_limit = limits;
+  po.techniques = candidates(current.precision);
+  po.optimizer = optimizer_kind_name(workload_.optimizer);
+  po.calibration = rates_;
+  Plan p;
+  try {
+    p = make_plan(po);
+  } catch (const OutOfMemoryError&) {
+    throw;
+  } catch (const Error&) {  // a budget below the parameters alone: no plan fits
+    return std::nullopt;
+  }
+  // A row's fullest budgeted device, as a fraction of its budget.
+  auto pressure = [&](const PlanRow& r) {
+    double worst = 0;
+    for (const StepMeasurement::DeviceMemory& d : r.devices)
+      if (const int64_t b = p.budget_of(d.device); b > 0) worst = std::max(worst, double(d.memory.peak) / double(b));
+    return worst;
+  };
+  // The current plan is among the candidates when its micro-batch is one of theirs; only a lower
+  // pressure than its is progress (and ends the search). Otherwise any row that fits is.
+  TechniqueOptions now = current;
+  now.micro_batch = micro < workload_.batch ? micro : 0;
+  double now_pressure = std::numeric_limits<double>::infinity();
+  for (const PlanRow& r : p.rows) {
+    const TechniqueOptions& t = r.combination.techniques;
+    if (t.checkpoint.str() == now.checkpoint.str() && t.precision == now.precision && t.micro_batch == now.micro_batch &&
+        !t.offload_activations)
+      now_pressure = pressure(r);
+  }
+  const PlanRow* best = nullptr;
+  for (const PlanRow& r : p.rows)
+    if (r.fits && pressure(r) < now_pressure && (!best || r.estimated_ms < best->estimated_ms)) best = &r;
   if (!best) return std::nullopt;
   RunPlan r = plan_of(p, *best);
   r.techniques.auto_fit = current.auto_fit;

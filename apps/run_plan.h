@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "apps/cost_model.h"
+#include "apps/model_parallel_run.h"
 #include "apps/plan_step.h"
 #include "apps/technique_options.h"
 
@@ -59,9 +60,12 @@ std::optional<Calibration> planning_rates(const TrainOptions& o, const Device& d
 // plan predicted to fit it with a lower predicted peak than the current one, among those a running
 // run can switch to without touching its parameters or optimizer: every checkpoint policy, bf16
 // autocast (from fp32), activation offload and accumulation over 1, 2, 4, ... micro-batches.
+// A split run (`placement`: where its modules live, which a switch does not move) plans the same
+// candidates but offload under that placement, each device under its own budget, and a lower
+// predicted peak means a lower largest peak / budget of its budgeted devices.
 class AutoFit {
  public:
-  AutoFit(PlanWorkload workload, Device device, Calibration rates);
+  AutoFit(PlanWorkload workload, Device device, Calibration rates, std::optional<Placement> placement = std::nullopt);
   // The plan to switch to from `current` (whose attempt used micro-batch `micro`), or none (the
   // Trainer then halves the micro-batch, as without a planner).
   std::optional<RunPlan> next(const TechniqueOptions& current, int64_t micro) const;
@@ -69,9 +73,17 @@ class AutoFit {
   std::string candidates(Precision precision) const;
 
  private:
+  std::optional<RunPlan> next_split(const TechniqueOptions& current, int64_t micro) const;
+
   PlanWorkload workload_;
   Device device_;
   Calibration rates_;
+  std::optional<Placement> placement_;
 };
+
+// The placement --auto-fit keeps for a split run: every leaf module where the run placed it (a
+// balanced cut as it was cut); none for a run on one device or sliced by --split tensor (whose
+// auto-fit halves the micro-batch).
+std::optional<Placement> auto_fit_placement(const ModelParallelOptions& o, const ModelParallelRun* run);
 
 }  // namespace mg

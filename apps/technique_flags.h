@@ -27,7 +27,9 @@ auto parse_flag(const std::string& flag, const std::string& text, Parse&& parse)
 // on resume).
 inline std::vector<CLI::Option*> add_technique_flags(CLI::App* cmd, TechniqueOptions& t) {
   cmd->add_flag("--auto-fit", t.auto_fit,
-                "on out-of-memory, halve the micro-batch (doubling accumulation) and retry the same batch");
+                "on out-of-memory, switch to the planner's fastest plan predicted to fit the budget (on cpu:N: "
+                "checkpointing, bf16, offload, accumulation; a split model keeps its placement), else halve the "
+                "micro-batch (doubling accumulation), and retry the same batch");
   cmd->add_flag("--profile", t.profile,
                 "record every allocation of the second step; write memory.json and memory.html into the run dir");
   return {

@@ -20,7 +20,7 @@ struct TechniqueOptions {
   CheckpointPolicy checkpoint{};                  // activation checkpointing (none: every activation saved)
   Precision precision = Precision::fp32;
   int64_t micro_batch = 0;                        // 0: the whole batch
-  bool auto_fit = false;                          // on out-of-memory: halve the micro-batch and retry
+  bool auto_fit = false;                          // on out-of-memory: the planner's next plan (apps/run_plan.h), or half the micro-batch; retry
   std::optional<Device> offload_activations{};    // park saved activations on this device until backward
   // Record the second step of this process (the first when only one runs) and write memory.json
   // and memory.html into the run directory.

@@ -263,7 +263,7 @@ TrainResult train_loop(const TrainingSetup& setup, const TrainingTask& task) {
     if (std::string line = step_profiler.after_step(step, run.path()); !line.empty()) progress.note(line);
     ++step;
 
-    const std::optional<Evaluation> eval = task.evaluate(step);
+    const std::optional<Evaluation> eval = task.evaluate(step, trainer.micro_batch());
     std::vector<std::string> row = {csv_number(step - 1), csv_number(rep.loss),
                                     eval ? csv_number(eval->value) : std::string(), csv_number(lr),
                                     csv_number(elapsed()), csv_number(step_peak)};

@@ -129,8 +129,10 @@ struct TrainingTask {
   std::function<Tensor(const Batch&, int64_t begin, int64_t count)> micro_loss;
   // How many terms that mean is over (counted targets); unset: one per example.
   std::function<double(const Batch&, int64_t begin, int64_t count)> micro_weight{};
-  // After `steps_done` steps: an evaluation when one is due, else nothing.
-  std::function<std::optional<Evaluation>(int64_t steps_done)> evaluate;
+  // After `steps_done` steps: an evaluation when one is due, else nothing. `micro_batch`: the
+  // examples per forward the steps now run (0: the whole batch; --micro-batch, or what --auto-fit
+  // lowered it to): the evaluation forwards no more at once, so it fits where the steps do.
+  std::function<std::optional<Evaluation>(int64_t steps_done, int64_t micro_batch)> evaluate;
   // Whether a checkpoint is due after `steps_done` steps (the loop also writes one at the end
   // and when interrupted).
   std::function<bool(int64_t steps_done)> checkpoint_due;

@@ -367,10 +367,12 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
     }
     return distillation_loss(model.forward(model_input(model, x)), soft, y, distill);
   };
-  task.evaluate = [&](int64_t step) -> std::optional<Evaluation> {
+  task.evaluate = [&](int64_t step, int64_t micro) -> std::optional<Evaluation> {
     if (step % per_epoch != 0) return std::nullopt;  // test accuracy after every epoch
+    // The statistics over batches of o.batch (what BatchNorm's running statistics stand for);
+    // the accuracy, whose eval-mode forward does not depend on the batch, at most micro at once.
     const int64_t bn_batches = recompute_statistics(model, data.train, o.batch, data_device, precision);
-    r.test_accuracy = accuracy(model, data.test, o.batch, data_device, nullptr, precision);
+    r.test_accuracy = accuracy(model, data.test, micro > 0 ? micro : o.batch, data_device, nullptr, precision);
     char line[160];
     std::snprintf(line, sizeof(line),
                   "epoch %lld/%lld: test accuracy %.2f%% (%lld images; BatchNorm statistics of %lld training batches)",
@@ -385,7 +387,8 @@ VisionTrainResult vision_train(const VisionTrainOptions& in) {
   if (config.contains("plan")) task.notes.push_back("plan: " + config["plan"].value("summary", std::string("?")));
   std::optional<AutoFit> auto_fit;
   if (o.techniques.auto_fit && rates)
-    auto_fit.emplace(run_workload(o, config.value("model_name", "custom"), std::nullopt, cfg), device, *rates);
+    auto_fit.emplace(run_workload(o, config.value("model_name", "custom"), std::nullopt, cfg), device, *rates,
+                     auto_fit_placement(o.parallel, parallel ? &*parallel : nullptr));
   task.progress_extra = [&](int64_t step, double lr) {
     char extra[64];
     std::snprintf(extra, sizeof(extra), "epoch %lld/%lld  lr %.2e", (long long)((step - 1) / per_epoch + 1),

@@ -3,7 +3,8 @@
 // loader's prefetched batches) and a
 // resumed run keeps its plan; an --auto-fit run whose first plan runs out of memory switches to the
 // planner's next one and sees the same samples (its losses equal a run that used that plan from
-// the start); bad combinations and budgets too small for any plan get clear errors.
+// the start), on one device and on a split model (the placement kept, each device under its own
+// budget); bad combinations and budgets too small for any plan get clear errors.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
@@ -239,6 +240,58 @@ TEST_CASE("auto-fit with the planner: the first plan runs out of memory, the run
   // The failed attempt was undone and the batch retried: the same losses as a run on that plan
   // from the start, without a budget.
   GptTrainOptions same = tiny_gpt(data, tmp.file("same"));
+  same.techniques = switched;
+  const GptTrainResult ref = gpt_train(same);
+  CHECK(metrics_column(fit.run_dir, "loss") == metrics_column(ref.run_dir, "loss"));
+}
+
+TEST_CASE("auto-fit on a split model: the first plan runs out of memory on a device, the run switches techniques over the same placement", "[plan][apps]") {
+  use_test_cache();
+  struct NoSplitLimits {
+    ~NoSplitLimits() {
+      set_memory_limit(Device("cpu:0"), 0);
+      set_memory_limit(Device("cpu:1"), 0);
+    }
+  } no_limits;
+  DataTempDir tmp("run_plan_split_fit");
+  const std::string data = write_tiny_token_file(tmp, 20000);
+  GptTrainOptions o = tiny_gpt(data, tmp.file("fit"));
+  o.model = GPTConfig{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 2, .d_model = 128, .dropout = 0.1};
+  o.batch = 8;
+  o.parallel.devices = {Device("cpu:0"), Device("cpu:1")};
+  o.parallel.split = SplitSpec::parse("balanced");
+  // Each device's budget halfway between the plain split's peak there and the checkpointed,
+  // accumulated one's: the run's first step runs out of memory.
+  PlanOptions po;
+  po.workload = run_workload(o, "custom", o.model, std::nullopt);
+  po.techniques = "split=balanced,ckpt+accum4+split=balanced";
+  po.devices = o.parallel.devices;
+  const Plan all = make_plan(po);
+  REQUIRE(all.rows.size() == 2);
+  std::vector<int64_t> budgets;
+  for (size_t k = 0; k < 2; ++k) {
+    const int64_t plain = all.rows[0].devices[k].memory.peak, least = all.rows[1].devices[k].memory.peak;
+    REQUIRE(least < plain);
+    budgets.push_back((plain + least) / 2);
+  }
+  o.memory_limit = "cpu:0=" + std::to_string(budgets[0]) + ",cpu:1=" + std::to_string(budgets[1]);
+  o.techniques.auto_fit = true;
+  const GptTrainResult fit = gpt_train(o);
+  CHECK(fit.steps_done == 3);
+  REQUIRE(fit.device_peaks.size() == 2);
+  for (size_t k = 0; k < 2; ++k) CHECK(fit.device_peaks[k].peak <= budgets[k]);
+  const nlohmann::json trainer = RunDir(fit.run_dir).read_checkpoint_state().trainer;
+  REQUIRE(trainer.contains("techniques"));
+  const TechniqueOptions switched = TechniqueOptions{}.from_config({{"techniques", trainer["techniques"]}});
+  INFO(switched.str());
+  CHECK(switched.str() != "none");
+  CHECK_FALSE(switched.offload_activations.has_value());
+  // The placement stayed where the first plan's balanced cut put it, and the samples are those of
+  // a run on the switched plan from the start (its own balanced cut, the same here), without budgets.
+  GptTrainOptions same = tiny_gpt(data, tmp.file("same"));
+  same.model = o.model;
+  same.batch = o.batch;
+  same.parallel = o.parallel;
   same.techniques = switched;
   const GptTrainResult ref = gpt_train(same);
   CHECK(metrics_column(fit.run_dir, "loss") == metrics_column(ref.run_dir, "loss"));
