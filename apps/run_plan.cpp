@@ -37,6 +37,14 @@ std::string device_budget(const TrainOptions& o) {
   return budget > 0 ? std::to_string(budget) : std::string();
 }
 
+// `row` of `p` as the plan a running run switches to, with the run's process settings.
+RunPlan switched_plan(const Plan& p, const PlanRow& row, const TechniqueOptions& current) {
+  RunPlan r = plan_of(p, row);
+  r.techniques.auto_fit = current.auto_fit;
+  r.techniques.profile = current.profile;
+  return r;
+}
+
 }  // namespace
 
 std::string RunPlan::str() const {
@@ -188,32 +196,36 @@ std::optional<RunPlan> AutoFit::next(const TechniqueOptions& current, int64_t mi
   now.micro_batch = micro < workload_.batch ? micro : 0;
   const Device meta(DeviceType::meta, 0);
   const int64_t now_peak = measure_step(workload_, now, meta).memory.peak;
+  const std::optional<Plan> p = plan_under(std::to_string(budget), current.precision);
+  if (!p) return std::nullopt;
+  // Only a lower predicted peak than the plan that just failed is progress (and ends the search).
+  const PlanRow* best = nullptr;
+  for (const PlanRow& r : p->rows)
+    if (r.fits && r.memory.peak < now_peak && (!best || r.estimated_ms < best->estimated_ms)) best = &r;
+  if (!best) return std::nullopt;
+  return switched_plan(*p, *best, current);
+}
+
+std::optional<Plan> AutoFit::plan_under(const std::string& limits, Precision precision) const {
   PlanOptions po;
   po.workload = workload_;
   po.device = device_.str();
-  po.memory_limit = std::to_string(budget);
-  po.techniques = candidates(current.precision);
+  if (placement_) {
+    po.devices = placement_->devices();
+    po.placement = placement_;
+  }
+  po.memory_limit = limits;
+  po.techniques = candidates(precision);
   po.optimizer = optimizer_kind_name(workload_.optimizer);
   po.calibration = rates_;
-  Plan p;
   try {
-    p = make_plan(po);
+    return make_plan(po);
   } catch (const OutOfMemoryError&) {
     throw;
   } catch (const Error&) {  // a budget below the parameters alone: no plan fits
     return std::nullopt;
   }
-  // Only a lower predicted peak than the plan that just failed is progress (and ends the search).
-  const PlanRow* best = nullptr;
-  for (const PlanRow& r : p.rows)
-    if (r.fits && r.memory.peak < now_peak && (!best || r.estimated_ms < best->estimated_ms)) best = &r;
-  if (!best) return std::nullopt;
-  RunPlan r = plan_of(p, *best);
-  r.techniques.auto_fit = current.auto_fit;
-  r.techniques.profile = current.profile;
-  return r;
 }
-
 
 std::optional<RunPlan> AutoFit::next_split(const TechniqueOptions& current, int64_t micro) const {
   const std::vector<Device> devices = placement_->devices();
@@ -226,23 +238,9 @@ std::optional<RunPlan> AutoFit::next_split(const TechniqueOptions& current, int6
       limits += std::to_string(b);
     }
   if (limits.empty()) return std::nullopt;  // a device itself ran out: nothing to plan against
-  PlanOptions po;
-  po.workload = workload_;
-  po.device = device_.str();
-  po.devices = devices;
-  po.placement = placement_;
-  po.memory_limit = limits;
-  po.techniques = candidates(current.precision);
-  po.optimizer = optimizer_kind_name(workload_.optimizer);
-  po.calibration = rates_;
-  Plan p;
-  try {
-    p = make_plan(po);
-  } catch (const OutOfMemoryError&) {
-    throw;
-  } catch (const Error&) {  // a budget below the parameters alone: no plan fits
-    return std::nullopt;
-  }
+  const std::optional<Plan> plan = plan_under(limits, current.precision);
+  if (!plan) return std::nullopt;
+  const Plan& p = *plan;
   // A row's fullest budgeted device, as a fraction of its budget.
   auto pressure = [&](const PlanRow& r) {
     double worst = 0;
@@ -265,10 +263,7 @@ std::optional<RunPlan> AutoFit::next_split(const TechniqueOptions& current, int6
   for (const PlanRow& r : p.rows)
     if (r.fits && pressure(r) < now_pressure && (!best || r.estimated_ms < best->estimated_ms)) best = &r;
   if (!best) return std::nullopt;
-  RunPlan r = plan_of(p, *best);
-  r.techniques.auto_fit = current.auto_fit;
-  r.techniques.profile = current.profile;
-  return r;
+  return switched_plan(p, *best, current);
 }
 
 }  // namespace mg

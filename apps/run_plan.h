@@ -12,6 +12,7 @@
 
 #include "apps/cost_model.h"
 #include "apps/model_parallel_run.h"
+#include "apps/plan.h"
 #include "apps/plan_step.h"
 #include "apps/technique_options.h"
 
@@ -74,6 +75,9 @@ class AutoFit {
 
  private:
   std::optional<RunPlan> next_split(const TechniqueOptions& current, int64_t micro) const;
+  // The candidates for a run in `precision` planned under `limits` (--memory-limit's syntax), over
+  // the placement of a split run; none when no plan can fit (a budget below the parameters alone).
+  std::optional<Plan> plan_under(const std::string& limits, Precision precision) const;
 
   PlanWorkload workload_;
   Device device_;

@@ -42,6 +42,16 @@ GptTrainOptions tiny_gpt(const std::string& data, const std::string& out) {
   return o;
 }
 
+// A GPT over cpu:0 and cpu:1, large enough that per-device budgets pass the allocator's first 2
+// MiB segments.
+GptTrainOptions split_gpt(const std::string& data, const std::string& out) {
+  GptTrainOptions o = tiny_gpt(data, out);
+  o.model = GPTConfig{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 2, .d_model = 128, .dropout = 0.1};
+  o.batch = 8;
+  o.parallel.devices = {Device("cpu:0"), Device("cpu:1")};
+  return o;
+}
+
 // A budget between the plain step's peak and the smallest candidate's: plain fails, some plan fits.
 int64_t squeezed_budget(const PlanWorkload& w) {
   PlanOptions po;
@@ -68,6 +78,13 @@ void check_peak(int64_t measured, int64_t predicted, int64_t batch_bytes) {
 // Every budget this process set, put back to none (tests share the process).
 struct NoLimits {
   ~NoLimits() { set_memory_limit(kCPU, 0); }
+};
+// The budgets a split run over cpu:0 and cpu:1 set, put back to none.
+struct NoSplitLimits {
+  ~NoSplitLimits() {
+    set_memory_limit(Device("cpu:0"), 0);
+    set_memory_limit(Device("cpu:1"), 0);
+  }
 };
 
 }  // namespace
@@ -110,21 +127,12 @@ TEST_CASE("gpt train --plan auto: trains where the plain run cannot, at the pred
 
 TEST_CASE("gpt train --plan with --devices: splits the model where one device cannot hold it, at the planned peaks", "[plan][apps]") {
   use_test_cache();
-  struct NoSplitLimits {  // the budgets the split run set, put back to none
-    ~NoSplitLimits() {
-      set_memory_limit(Device("cpu:0"), 0);
-      set_memory_limit(Device("cpu:1"), 0);
-    }
-  } no_limits;
+  NoSplitLimits no_limits;
   DataTempDir tmp("run_plan_split");
   const std::string data = write_tiny_token_file(tmp, 20000);
-  GptTrainOptions o = tiny_gpt(data, tmp.file("split"));
-  // Large enough that the budgets pass the allocator's first 2 MiB segments.
-  o.model = GPTConfig{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 2, .d_model = 128, .dropout = 0.1};
-  o.batch = 8;
+  GptTrainOptions o = split_gpt(data, tmp.file("split"));
   o.stop_after = 2;
   o.plan = "none,ckpt,split=stages:2,ckpt+split=balanced";
-  o.parallel.devices = {Device("cpu:0"), Device("cpu:1")};
   // Each device's budget halfway between the checkpointed split's fullest device and ckpt on one
   // device: only a split can fit (the plan run on meta says which, before the run).
   PlanOptions po;
@@ -247,18 +255,10 @@ TEST_CASE("auto-fit with the planner: the first plan runs out of memory, the run
 
 TEST_CASE("auto-fit on a split model: the first plan runs out of memory on a device, the run switches techniques over the same placement", "[plan][apps]") {
   use_test_cache();
-  struct NoSplitLimits {
-    ~NoSplitLimits() {
-      set_memory_limit(Device("cpu:0"), 0);
-      set_memory_limit(Device("cpu:1"), 0);
-    }
-  } no_limits;
+  NoSplitLimits no_limits;
   DataTempDir tmp("run_plan_split_fit");
   const std::string data = write_tiny_token_file(tmp, 20000);
-  GptTrainOptions o = tiny_gpt(data, tmp.file("fit"));
-  o.model = GPTConfig{.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 2, .d_model = 128, .dropout = 0.1};
-  o.batch = 8;
-  o.parallel.devices = {Device("cpu:0"), Device("cpu:1")};
+  GptTrainOptions o = split_gpt(data, tmp.file("fit"));
   o.parallel.split = SplitSpec::parse("balanced");
   // Each device's budget halfway between the plain split's peak there and the checkpointed,
   // accumulated one's: the run's first step runs out of memory.
@@ -286,12 +286,10 @@ TEST_CASE("auto-fit on a split model: the first plan runs out of memory on a dev
   INFO(switched.str());
   CHECK(switched.str() != "none");
   CHECK_FALSE(switched.offload_activations.has_value());
-  // The placement stayed where the first plan's balanced cut put it, and the samples are those of
-  // a run on the switched plan from the start (its own balanced cut, the same here), without budgets.
-  GptTrainOptions same = tiny_gpt(data, tmp.file("same"));
-  same.model = o.model;
-  same.batch = o.batch;
-  same.parallel = o.parallel;
+  // The samples are those of a run on the switched plan from the start, without budgets (its
+  // balanced cut, 2 + 2 blocks, is the one the failed plan's run kept).
+  GptTrainOptions same = split_gpt(data, tmp.file("same"));
+  same.parallel.split = o.parallel.split;
   same.techniques = switched;
   const GptTrainResult ref = gpt_train(same);
   CHECK(metrics_column(fit.run_dir, "loss") == metrics_column(ref.run_dir, "loss"));
