@@ -58,9 +58,11 @@ struct FlopCounts {
   // The same elements by their tensor's reuse distance (they sum to `elements`).
   std::array<double, kNumReuseBuckets> elements_by_reuse{};
   double of(FlopKind k) const { return flops[size_t(k)]; }
+  // The floating-point operations of every kind (batch_norm counts elements, not FLOPs: left out).
   double total() const {
     double t = 0;
-    for (double f : flops) t += f;
+    for (size_t k = 0; k < kNumFlopKinds; ++k)
+      if (FlopKind(k) != FlopKind::batch_norm) t += flops[k];
     return t;
   }
 };

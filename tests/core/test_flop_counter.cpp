@@ -5,6 +5,7 @@
 
 #include <thread>
 
+#include "autograd/engine.h"
 #include "core/flop_counter.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
@@ -42,6 +43,25 @@ TEST_CASE("flop counter: convolutions report their own kinds and GEMMs theirs", 
   CHECK(conv_kind(DType::f16) == FlopKind::conv_16);
   CHECK(conv_kind(DType::f32) == FlopKind::conv_f32);
   CHECK(flop_kind_name(FlopKind::conv_16) == "conv_16");
+}
+
+TEST_CASE("flop counter: a training batch norm reports the elements it normalises, forward and backward", "[core][flops]") {
+  const Device meta(DeviceType::meta, 0);
+  for (const Device& d : {kCPU, meta}) {
+    INFO(d.str());
+    const Tensor x = zeros({2, 3, 4, 4}, {.device = d}).set_requires_grad(true);
+    const Tensor w = ones({3}, {.device = d}), b = zeros({3}, {.device = d});
+    const Tensor rm = zeros({3}, {.device = d}), rv = ones({3}, {.device = d});
+    FlopCounter c;
+    const Tensor y = batch_norm_relu6(x, rm, rv, w, b, true, 0.1, 1e-5);
+    CHECK(c.counts().of(FlopKind::batch_norm) == 2 * 3 * 4 * 4);
+    backward(y, ones(y.shape(), {.device = d}));
+    CHECK(c.counts().of(FlopKind::batch_norm) == 2 * (2 * 3 * 4 * 4));
+    CHECK(c.counts().total() == 0);  // elements, not FLOPs
+    (void)batch_norm(x.detach(), rm, rv, w, b, false, 0.1, 1e-5);  // eval: one pass, nothing more
+    CHECK(c.counts().of(FlopKind::batch_norm) == 2 * (2 * 3 * 4 * 4));
+  }
+  CHECK(flop_kind_name(FlopKind::batch_norm) == "batch_norm");
 }
 
 TEST_CASE("flop counter: new tensors report their elements whatever their dtype, views none", "[core][flops]") {
